@@ -1,0 +1,559 @@
+# cython: language_level=3
+"""Sum and min segment trees over memory they are given.
+
+The trees own no memory: they are laid into any writable buffer (a bytearray, a numpy array,
+``SharedMemory.buf``, an mmap), so every process that maps the same segment sees the very same
+tree. Each node has 8 children, so one node's children fill one 64-byte cache line and a search
+over 2**20 leaves touches 7 lines instead of the 20 a binary tree touches. Parents are always
+recomputed from their children (never updated by deltas), so sums do not drift.
+
+All kernels are ``noexcept nogil`` functions on raw pointers; the ``def`` methods validate their
+arguments with numpy, then release the GIL for the whole batch.
+"""
+
+from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.math cimport INFINITY
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.string cimport memset
+
+import os
+
+import numpy as np
+
+cdef enum:
+    PREFETCH_AHEAD = 16
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define CPPRB_RAY_PREFETCH(address) __builtin_prefetch((address), 0, 1)
+    #else
+    #define CPPRB_RAY_PREFETCH(address) ((void)(address))
+    #endif
+    """
+    void prefetch "CPPRB_RAY_PREFETCH"(const void* address) noexcept nogil
+
+# ---------------------------------------------------------------------------------------------
+# Layout
+
+
+cdef inline int64_t round_up(int64_t value, int64_t multiple) noexcept nogil:
+    return (value + multiple - 1) // multiple * multiple
+
+
+cdef int64_t tree_doubles(int64_t capacity, TreeView* view) noexcept nogil:
+    """Doubles one tree (sum or min) needs; fills view's level table when view is not NULL."""
+    cdef int64_t count = capacity
+    cdef int64_t total = 0
+    cdef int level = 0
+    while True:
+        if view != NULL:
+            view.counts[level] = count
+            view.offsets[level] = total
+        # Every level is padded to whole cache lines; padding holds 0 (sum) / +inf (min).
+        total += round_up(count, FANOUT)
+        if count == 1:
+            break
+        count = (count + FANOUT - 1) >> FANOUT_BITS
+        level += 1
+    if view != NULL:
+        view.depth = level
+        view.level_doubles = total
+        view.capacity = capacity
+    return total
+
+
+cdef void tree_bind(TreeView* view, double* memory, int64_t capacity) noexcept nogil:
+    tree_doubles(capacity, view)
+    view.sums = memory
+    view.mins = memory + view.level_doubles
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+
+
+cdef void tree_clear_all(TreeView* view) noexcept nogil:
+    cdef int64_t i
+    memset(view.sums, 0, <size_t>view.level_doubles * sizeof(double))
+    for i in range(view.level_doubles):
+        view.mins[i] = INFINITY
+
+
+cdef inline void recompute_node(TreeView* view, int level, int64_t node) noexcept nogil:
+    """Recompute node `node` of `level` (>= 1) from its 8 children, in a fixed order."""
+    cdef int64_t first = view.offsets[level - 1] + (node << FANOUT_BITS)
+    cdef const double* s = view.sums + first
+    cdef const double* m = view.mins + first
+    cdef double total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+    cdef double low = m[0]
+    cdef int c
+    for c in range(1, FANOUT):
+        if m[c] < low:
+            low = m[c]
+    view.sums[view.offsets[level] + node] = total
+    view.mins[view.offsets[level] + node] = low
+
+
+cdef void tree_refresh(TreeView* view, const int64_t* indices, int64_t count) noexcept nogil:
+    """Recompute the ancestors of the given leaves, level by level over the whole batch.
+
+    The loads of one level are independent, so the CPU overlaps their cache misses; a parent
+    shared by neighbouring indices is recomputed once.
+    """
+    cdef int64_t k, node, previous
+    cdef int level
+    for level in range(1, view.depth + 1):
+        previous = -1
+        for k in range(count):
+            node = indices[k] >> (FANOUT_BITS * level)
+            if node != previous:
+                recompute_node(view, level, node)
+                previous = node
+
+
+cdef void tree_refresh_range(TreeView* view, int64_t start, int64_t count) noexcept nogil:
+    """Recompute the ancestors of leaves [start, start + count)."""
+    cdef int64_t node
+    cdef int level
+    if count <= 0:
+        return
+    for level in range(1, view.depth + 1):
+        for node in range(start >> (FANOUT_BITS * level),
+                          ((start + count - 1) >> (FANOUT_BITS * level)) + 1):
+            recompute_node(view, level, node)
+
+
+cdef void tree_set(TreeView* view, const int64_t* indices, const double* sum_values,
+                   const double* min_values, int64_t count) noexcept nogil:
+    """Write leaves in order (so duplicates resolve last-wins), then recompute their ancestors."""
+    cdef int64_t k
+    for k in range(count):
+        view.sums[indices[k]] = sum_values[k]
+        view.mins[indices[k]] = min_values[k]
+    tree_refresh(view, indices, count)
+
+
+cdef void tree_rebuild(TreeView* view) noexcept nogil:
+    cdef int level
+    cdef int64_t node
+    for level in range(1, view.depth + 1):
+        for node in range(view.counts[level]):
+            recompute_node(view, level, node)
+
+
+cdef double tree_total(const TreeView* view) noexcept nogil:
+    return view.sums[view.offsets[view.depth]]
+
+
+cdef double tree_min(const TreeView* view) noexcept nogil:
+    return view.mins[view.offsets[view.depth]]
+
+
+cdef void tree_search(const TreeView* view, double* masses, int64_t* out,
+                      int64_t count) noexcept nogil:
+    """Prefix-sum search for a batch; `masses` is used as scratch and overwritten.
+
+    The root must be positive. A zero-weight leaf is never returned: the walk only enters a
+    child whose sum is positive, and a mass left over by rounding (>= the node's sum) goes to
+    the last positive child, so a mass >= total lands on the last positive leaf. The whole
+    batch descends one level at a time so the independent loads overlap.
+    """
+    cdef int64_t k, chosen
+    cdef int level, c
+    cdef double mass
+    cdef double prefix[FANOUT + 1]
+    cdef const double* children
+    for k in range(count):
+        out[k] = 0
+    for level in range(view.depth, 0, -1):
+        # Software pipelining: ask for the child line of the walk PREFETCH_AHEAD places ahead
+        # so that several cache misses are in flight while this one is scanned.
+        for k in range(min(count, PREFETCH_AHEAD)):
+            prefetch(view.sums + view.offsets[level - 1] + (out[k] << FANOUT_BITS))
+        for k in range(count):
+            if k + PREFETCH_AHEAD < count:
+                prefetch(view.sums + view.offsets[level - 1]
+                         + (out[k + PREFETCH_AHEAD] << FANOUT_BITS))
+            children = view.sums + view.offsets[level - 1] + (out[k] << FANOUT_BITS)
+            mass = masses[k]
+            # Branch-free: the chosen child is the number of prefix sums <= mass. A zero child
+            # has the same prefix as its left neighbour, so it can never be the one chosen.
+            prefix[0] = 0.0
+            chosen = 0
+            for c in range(FANOUT):
+                prefix[c + 1] = prefix[c] + children[c]
+                chosen += prefix[c + 1] <= mass
+            if chosen == FANOUT:
+                # Rounding left more mass than this node holds: go to the last positive child
+                # and keep going right-most below it.
+                chosen = FANOUT - 1
+                while chosen > 0 and not children[chosen] > 0.0:
+                    chosen -= 1
+                mass = INFINITY
+            else:
+                mass -= prefix[chosen]
+            masses[k] = mass
+            out[k] = (out[k] << FANOUT_BITS) + chosen
+
+
+cdef void tree_sample(const TreeView* view, Xoshiro256* rng, double* scratch, int64_t* out,
+                      int64_t count) noexcept nogil:
+    """Stratified sampling: [0, total) in `count` equal strata, one uniform draw in each."""
+    cdef double stratum = tree_total(view) / count
+    cdef int64_t k
+    for k in range(count):
+        scratch[k] = (k + rng_uniform(rng)) * stratum
+    tree_search(view, scratch, out, count)
+
+
+# ---------------------------------------------------------------------------------------------
+# Random numbers: xoshiro256** seeded through splitmix64 (Blackman & Vigna). Small, fast, and
+# usable without the GIL, which numpy's generators are not from Cython without cimport numpy.
+
+
+cdef inline uint64_t rotl(uint64_t x, int k) noexcept nogil:
+    return (x << k) | (x >> (64 - k))
+
+
+cdef void rng_seed(Xoshiro256* rng, uint64_t seed) noexcept nogil:
+    cdef int i
+    cdef uint64_t z
+    for i in range(4):
+        seed += 0x9E3779B97F4A7C15ULL
+        z = seed
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
+        rng.s[i] = z ^ (z >> 31)
+
+
+cdef uint64_t rng_next(Xoshiro256* rng) noexcept nogil:
+    cdef uint64_t result = rotl(rng.s[1] * 5, 7) * 9
+    cdef uint64_t t = rng.s[1] << 17
+    rng.s[2] ^= rng.s[0]
+    rng.s[3] ^= rng.s[1]
+    rng.s[1] ^= rng.s[2]
+    rng.s[0] ^= rng.s[3]
+    rng.s[2] ^= t
+    rng.s[3] = rotl(rng.s[3], 45)
+    return result
+
+
+cdef double rng_uniform(Xoshiro256* rng) noexcept nogil:
+    """Uniform double in [0, 1) from the top 53 bits."""
+    return (rng_next(rng) >> 11) * (1.0 / 9007199254740992.0)
+
+
+def _seed_from(seed):
+    if seed is None:
+        return int.from_bytes(os.urandom(8), "little")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int or None; got {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0; got {seed}")
+    return int(seed) & 0xFFFFFFFFFFFFFFFF
+
+
+cdef class Random:
+    """A small seedable generator (xoshiro256**) usable inside GIL-free kernels.
+
+    Parameters
+    ----------
+    seed : int or None
+        Non-negative seed; None draws one from the operating system.
+
+    Examples
+    --------
+    >>> from cpprb_ray._segtree import Random
+    >>> a, b = Random(7), Random(7)
+    >>> bool((a.random(4) == b.random(4)).all())
+    True
+    """
+
+    def __init__(self, seed=None):
+        rng_seed(&self.state, _seed_from(seed))
+
+    def random(self, Py_ssize_t size):
+        """random(size) -> ndarray[float64]: `size` uniform draws in [0, 1)."""
+        if size < 0:
+            raise ValueError(f"size must be >= 0; got {size}")
+        out = np.empty(size, dtype=np.float64)
+        cdef double[::1] values = out
+        cdef Py_ssize_t i
+        with nogil:
+            for i in range(size):
+                values[i] = rng_uniform(&self.state)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation shared by the Python-facing methods (and by _store through the same rules).
+
+
+def as_indices(indices, Py_ssize_t capacity, str name="indices"):
+    """Return `indices` as a C-contiguous int64 array, or raise naming `name`."""
+    array = np.asarray(indices)
+    if array.dtype.kind not in "iu":
+        if array.size == 0 and array.dtype.kind == "f":
+            array = array.astype(np.int64)
+        else:
+            raise TypeError(f"{name} must be integers; got dtype {array.dtype}")
+    if array.ndim > 1:
+        raise ValueError(f"{name} must be a scalar or 1-D; got shape {array.shape}")
+    array = np.ascontiguousarray(array.reshape(-1), dtype=np.int64)
+    if array.size:
+        low = array.min()
+        high = array.max()
+        if low < 0 or high >= capacity:
+            bad = int(np.flatnonzero((array < 0) | (array >= capacity))[0])
+            raise IndexError(
+                f"{name} must be in [0, {capacity}); got {int(array[bad])} at position {bad}"
+            )
+    return array
+
+
+def as_values(values, Py_ssize_t count, str name="values"):
+    """Return `values` as C-contiguous finite non-negative float64 of length `count`."""
+    array = np.asarray(values)
+    if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
+        raise TypeError(f"{name} must be real numbers; got dtype {array.dtype}")
+    if array.ndim > 1:
+        raise ValueError(f"{name} must be a scalar or 1-D; got shape {array.shape}")
+    array = np.ascontiguousarray(array.reshape(-1), dtype=np.float64)
+    if array.size != count:
+        raise ValueError(f"{name} must have {count} entries (one per index); got {array.size}")
+    bad = ~(np.isfinite(array) & (array >= 0))
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"{name} must be finite and >= 0; got {array[position]} at position {position}"
+        )
+    return array
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python-facing tree
+
+
+cdef class SegmentTree:
+    """Sum and min trees of float64 over `capacity` leaves, laid in memory it is given.
+
+    Parameters
+    ----------
+    memory : writable buffer
+        Any writable, contiguous buffer of at least ``offset + SegmentTree.nbytes(capacity)``
+        bytes whose address plus `offset` is 8-byte aligned. The tree keeps a reference to it.
+    capacity : int
+        Number of leaves, >= 1 (any value, not only powers of two).
+    offset : int, optional
+        Byte offset of the tree inside `memory`.
+    initialize : bool, optional
+        Clear the tree (all leaves unset). Pass False to bind to a tree another process laid.
+
+    Notes
+    -----
+    ``min()`` is taken over leaves that were set; unset leaves (never set, or passed to
+    ``clear``) do not count, and ``min()`` of a tree with none set is ``inf``.
+
+    Examples
+    --------
+    >>> from cpprb_ray._segtree import SegmentTree
+    >>> memory = bytearray(SegmentTree.nbytes(5))
+    >>> tree = SegmentTree(memory, 5)
+    >>> tree.set([0, 3, 3], [1.0, 5.0, 2.0])   # duplicates: last wins
+    >>> tree.total(), tree.min()
+    (3.0, 1.0)
+    >>> tree.search([0.5, 1.5, 99.0]).tolist()
+    [0, 3, 3]
+    """
+
+    @staticmethod
+    def nbytes(capacity):
+        """nbytes(capacity) -> int: bytes a tree of `capacity` leaves needs (a multiple of 64).
+
+        Examples
+        --------
+        >>> from cpprb_ray._segtree import SegmentTree
+        >>> SegmentTree.nbytes(1), SegmentTree.nbytes(8), SegmentTree.nbytes(9)
+        (128, 256, 384)
+        """
+        return 2 * 8 * tree_doubles(_check_capacity(capacity), NULL)
+
+    def __cinit__(self):
+        self._has_buffer = False
+        self._owner = None
+
+    def __init__(self, memory, capacity, *, Py_ssize_t offset=0, bint initialize=True):
+        cdef int64_t checked = _check_capacity(capacity)
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0; got {offset}")
+        if self._has_buffer:
+            raise RuntimeError("SegmentTree is already initialized")
+        try:
+            PyObject_GetBuffer(memory, &self._buffer, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+        except (BufferError, TypeError) as error:
+            raise TypeError(
+                f"memory must be a writable contiguous buffer; got {type(memory).__name__}"
+            ) from error
+        self._has_buffer = True
+        needed = offset + SegmentTree.nbytes(checked)
+        if self._buffer.len < needed:
+            self.release()
+            raise ValueError(
+                f"memory must hold at least {needed} bytes for capacity {checked} at offset "
+                f"{offset}; got {len(memoryview(memory).cast('B'))}"
+            )
+        cdef char* start = <char*>self._buffer.buf + offset
+        if (<uintptr_t>start) % 8:
+            self.release()
+            raise ValueError("memory + offset must be 8-byte aligned")
+        self._owner = memory
+        tree_bind(&self.view, <double*>start, checked)
+        if initialize:
+            with nogil:
+                tree_clear_all(&self.view)
+
+    def __dealloc__(self):
+        if self._has_buffer:
+            PyBuffer_Release(&self._buffer)
+            self._has_buffer = False
+
+    def release(self):
+        """Drop the reference to the memory (so e.g. ``SharedMemory.close()`` can succeed).
+
+        Any later call raises ValueError.
+        """
+        if self._has_buffer:
+            PyBuffer_Release(&self._buffer)
+            self._has_buffer = False
+        self._owner = None
+
+    cdef int _check_open(self) except -1:
+        if not self._has_buffer:
+            raise ValueError("this SegmentTree was released")
+        return 0
+
+    @property
+    def capacity(self):
+        """Number of leaves."""
+        return self.view.capacity
+
+    def set(self, indices, values):
+        """set(indices, values): set leaves; duplicates resolve last-wins.
+
+        Raises IndexError for an index outside ``[0, capacity)``, TypeError for non-integer
+        indices and ValueError for a value that is not finite and >= 0; nothing is changed then.
+        """
+        self._check_open()
+        index_array = as_indices(indices, self.view.capacity)
+        value_array = as_values(values, index_array.shape[0])
+        cdef const int64_t[::1] idx = index_array
+        cdef const double[::1] vals = value_array
+        cdef int64_t count = idx.shape[0]
+        if count == 0:
+            return
+        with nogil:
+            tree_set(&self.view, &idx[0], &vals[0], &vals[0], count)
+
+    def clear(self, indices=None):
+        """clear(indices=None): unset the given leaves (all leaves when None)."""
+        self._check_open()
+        if indices is None:
+            with nogil:
+                tree_clear_all(&self.view)
+            return
+        index_array = as_indices(indices, self.view.capacity)
+        cdef const int64_t[::1] idx = index_array
+        cdef int64_t count = idx.shape[0]
+        if count == 0:
+            return
+        zeros = np.zeros(count)
+        infs = np.full(count, np.inf)
+        cdef const double[::1] zero_view = zeros
+        cdef const double[::1] inf_view = infs
+        with nogil:
+            tree_set(&self.view, &idx[0], &zero_view[0], &inf_view[0], count)
+
+    def get(self, indices):
+        """get(indices) -> ndarray[float64]: leaf values (0.0 for unset leaves)."""
+        self._check_open()
+        index_array = as_indices(indices, self.view.capacity)
+        cdef const int64_t[::1] idx = index_array
+        out = np.empty(idx.shape[0], dtype=np.float64)
+        cdef double[::1] values = out
+        cdef Py_ssize_t k
+        with nogil:
+            for k in range(idx.shape[0]):
+                values[k] = self.view.sums[idx[k]]
+        return out
+
+    def total(self):
+        """total() -> float: sum of all leaves."""
+        self._check_open()
+        return tree_total(&self.view)
+
+    def min(self):
+        """min() -> float: smallest set leaf; ``inf`` when none is set."""
+        self._check_open()
+        return tree_min(&self.view)
+
+    def rebuild(self):
+        """rebuild(): recompute every internal node from the leaves."""
+        self._check_open()
+        with nogil:
+            tree_rebuild(&self.view)
+
+    def search(self, masses):
+        """search(masses) -> ndarray[int64]: for each mass, the leaf where the prefix sum passes it.
+
+        A zero leaf is never returned; a mass >= total (rounding) maps to the last positive leaf.
+        Raises ValueError when the tree's total is 0 or a mass is not finite and >= 0.
+        """
+        self._check_open()
+        mass_array = np.array(as_values(masses, np.size(masses), "masses"), dtype=np.float64)
+        if not tree_total(&self.view) > 0:
+            raise ValueError("cannot search a tree whose total is 0")
+        cdef double[::1] mass_view = mass_array
+        out = np.empty(mass_view.shape[0], dtype=np.int64)
+        cdef int64_t[::1] out_view = out
+        if mass_view.shape[0]:
+            with nogil:
+                tree_search(&self.view, &mass_view[0], &out_view[0], mass_view.shape[0])
+        return out
+
+    def sample(self, Py_ssize_t batch_size, Random rng not None):
+        """sample(batch_size, rng) -> ndarray[int64]: stratified proportional sample.
+
+        [0, total) is split into `batch_size` equal strata and one uniform draw from `rng`
+        (a :class:`Random`) is taken in each.
+
+        Examples
+        --------
+        >>> from cpprb_ray._segtree import Random, SegmentTree
+        >>> tree = SegmentTree(bytearray(SegmentTree.nbytes(4)), 4)
+        >>> tree.set([1, 2], [1.0, 3.0])
+        >>> tree.sample(4, Random(0)).tolist()
+        [1, 2, 2, 2]
+        """
+        self._check_open()
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0; got {batch_size}")
+        if not tree_total(&self.view) > 0:
+            raise ValueError("cannot sample a tree whose total is 0")
+        scratch = np.empty(batch_size, dtype=np.float64)
+        out = np.empty(batch_size, dtype=np.int64)
+        cdef double[::1] scratch_view = scratch
+        cdef int64_t[::1] out_view = out
+        with nogil:
+            tree_sample(&self.view, &rng.state, &scratch_view[0], &out_view[0], batch_size)
+        return out
+
+
+def _check_capacity(capacity):
+    if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)):
+        raise TypeError(f"capacity must be an int; got {type(capacity).__name__}")
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1; got {capacity}")
+    if capacity > (1 << 48):
+        raise ValueError(f"capacity must be <= 2**48; got {capacity}")
+    return int(capacity)

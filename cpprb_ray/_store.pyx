@@ -1,0 +1,676 @@
+# cython: language_level=3
+"""The replay store: every operation on a buffer segment as ONE GIL-free call under its lock.
+
+A segment looks like this (offsets in bytes; the layout JSON describes the columns)::
+
+    0     Header (fixed fields below)
+    256   robust process-shared mutex (_sync)
+    512   layout JSON (utf-8, `layout_length` bytes)
+    data_offset, 4096-aligned:
+          columns, one C-contiguous `capacity x row_bytes` block each, 64-aligned
+          tree (sum levels, min levels; _segtree)
+          generations: uint64 per slot
+
+Crash safety. Each operation records what it is doing in the header (`op`, and for an add the
+slot range it is writing plus the sizes to roll back to) before touching anything, and clears it
+last. A holder killed part way leaves the robust mutex in EOWNERDEAD; the next locker rolls the
+unfinished add back (its slots are unset in the tree and their generation made odd, so a torn row
+can never be sampled or revived), rebuilds the tree from its leaves and marks the mutex
+consistent. Rows committed earlier are untouched.
+
+Generations. A slot's generation is even while it holds a committed row and odd while it is being
+written or was torn; a commit moves it to the next even number, so a priority update that carries
+the generation it sampled is dropped once the slot was overwritten.
+"""
+
+from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE,
+                             PyBuffer_Release, PyObject_GetBuffer)
+from libc.math cimport INFINITY, floor, pow
+from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
+
+from cpprb_ray._segtree cimport (TreeView, Xoshiro256, rng_seed, rng_uniform, tree_bind,
+                                 tree_clear_all, tree_doubles, tree_min, tree_rebuild,
+                                 tree_refresh, tree_refresh_range, tree_sample, tree_total)
+from cpprb_ray._sync cimport (LOCKED_OWNER_DIED, MUTEX_BYTES, mutex_consistent, mutex_init,
+                              mutex_lock, mutex_unlock, pthread_mutex_t)
+
+import numpy as np
+
+from cpprb_ray._segtree import _seed_from
+
+cdef extern from *:
+    """
+    #define CPPRB_RAY_MAGIC "CPPRBRAY"
+    """
+    const char* CPPRB_RAY_MAGIC
+
+
+cdef struct Header:
+    char magic[8]
+    uint64_t version
+    uint64_t total_size
+    uint64_t capacity
+    uint64_t prioritized
+    double alpha
+    double eps
+    uint64_t next_index
+    uint64_t stored_size
+    double max_priority
+    uint64_t op                  # OP_* in flight, for repair after a holder's death
+    uint64_t pending_start
+    uint64_t pending_count
+    uint64_t pending_old_next
+    uint64_t pending_old_stored
+    uint64_t owner_pid
+    uint64_t layout_offset
+    uint64_t layout_length
+    uint64_t data_offset
+    uint64_t tree_offset
+    uint64_t generations_offset
+    uint64_t rows_added          # rows ever committed
+    uint64_t repairs             # times a dead holder's work was repaired
+    uint64_t created_ns
+
+
+cdef enum:
+    OP_NONE = 0
+    OP_ADD = 1
+    OP_UPDATE = 2
+    OP_CLEAR = 3
+
+cdef enum:
+    # Kernel results besides >= 0 counts.
+    ERR_EMPTY = -1
+    ERR_NOMEM = -2
+    ERR_LOCK = -3
+
+cdef enum:
+    HEADER_BYTES = 256
+    MUTEX_AT = 256
+    LAYOUT_AT = 512
+    VERSION = 1
+
+HEADER_NBYTES = HEADER_BYTES
+MUTEX_OFFSET = MUTEX_AT
+LAYOUT_OFFSET = LAYOUT_AT
+LAYOUT_VERSION = VERSION
+MAGIC = b"CPPRBRAY"
+
+if sizeof(Header) > HEADER_BYTES:  # pragma: no cover
+    raise ImportError("Header outgrew its reserved space")
+
+_HEADER_FIELDS = (
+    "version", "total_size", "capacity", "prioritized", "alpha", "eps", "next_index",
+    "stored_size", "max_priority", "op", "pending_start", "pending_count", "pending_old_next",
+    "pending_old_stored", "owner_pid", "layout_offset", "layout_length", "data_offset",
+    "tree_offset", "generations_offset", "rows_added", "repairs", "created_ns",
+)
+
+
+def tree_nbytes(capacity):
+    """Bytes of the sum+min tree for `capacity` slots."""
+    return 2 * 8 * tree_doubles(capacity, NULL)
+
+
+cdef Header* _header_of(object memory, Py_buffer* view) except NULL:
+    PyObject_GetBuffer(memory, view, PyBUF_ANY_CONTIGUOUS)
+    if view.len < HEADER_BYTES:
+        PyBuffer_Release(view)
+        raise ValueError(f"segment is {view.len} bytes, smaller than a header")
+    return <Header*>view.buf
+
+
+def read_header(memory):
+    """read_header(memory) -> dict: the fixed header fields, plus `magic` (bytes)."""
+    cdef Py_buffer view
+    cdef Header* header = _header_of(memory, &view)
+    try:
+        fields = {"magic": bytes(header.magic[:8])}
+        fields.update({
+            "version": header.version, "total_size": header.total_size,
+            "capacity": header.capacity, "prioritized": header.prioritized,
+            "alpha": header.alpha, "eps": header.eps, "next_index": header.next_index,
+            "stored_size": header.stored_size, "max_priority": header.max_priority,
+            "op": header.op, "pending_start": header.pending_start,
+            "pending_count": header.pending_count, "pending_old_next": header.pending_old_next,
+            "pending_old_stored": header.pending_old_stored, "owner_pid": header.owner_pid,
+            "layout_offset": header.layout_offset, "layout_length": header.layout_length,
+            "data_offset": header.data_offset, "tree_offset": header.tree_offset,
+            "generations_offset": header.generations_offset, "rows_added": header.rows_added,
+            "repairs": header.repairs, "created_ns": header.created_ns,
+        })
+        return fields
+    finally:
+        PyBuffer_Release(&view)
+
+
+def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps, owner_pid,
+                       layout_json, data_offset, tree_offset, generations_offset, created_ns):
+    """Lay a new header, mutex, layout and empty tree in zeroed `memory`.
+
+    The magic is written last, so an attacher that sees it finds everything else in place.
+    """
+    cdef Py_buffer view
+    cdef Header* header = _header_of(memory, &view)
+    cdef TreeView tree
+    cdef char* base = <char*>view.buf
+    try:
+        if LAYOUT_OFFSET + len(layout_json) > data_offset:
+            raise ValueError("layout JSON overlaps the data")
+        memoryview(memory)[LAYOUT_OFFSET:LAYOUT_OFFSET + len(layout_json)] = layout_json
+        header.version = LAYOUT_VERSION
+        header.total_size = total_size
+        header.capacity = capacity
+        header.prioritized = 1 if prioritized else 0
+        header.alpha = alpha
+        header.eps = eps
+        header.next_index = 0
+        header.stored_size = 0
+        header.max_priority = 1.0
+        header.op = OP_NONE
+        header.owner_pid = owner_pid
+        header.layout_offset = LAYOUT_OFFSET
+        header.layout_length = len(layout_json)
+        header.data_offset = data_offset
+        header.tree_offset = tree_offset
+        header.generations_offset = generations_offset
+        header.rows_added = 0
+        header.repairs = 0
+        header.created_ns = created_ns
+        status = mutex_init(<pthread_mutex_t*>(base + MUTEX_AT))
+        if status:
+            raise OSError(status, "pthread_mutex_init failed")
+        tree_bind(&tree, <double*>(base + <int64_t>tree_offset), <int64_t>capacity)
+        tree_clear_all(&tree)
+        memcpy(header.magic, CPPRB_RAY_MAGIC, 8)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef inline double leaf_weight(double priority, double alpha, double eps) noexcept nogil:
+    return pow(priority + eps, alpha)
+
+
+cdef inline void copy_row(uint8_t* dst, const uint8_t* src, int64_t row_bytes) noexcept nogil:
+    # Small fixed sizes are the common case (scalars, float32[4]); let the compiler inline them.
+    if row_bytes == 4:
+        memcpy(dst, src, 4)
+    elif row_bytes == 8:
+        memcpy(dst, src, 8)
+    elif row_bytes == 16:
+        memcpy(dst, src, 16)
+    else:
+        memcpy(dst, src, <size_t>row_bytes)
+
+
+cdef class ReplayStore:
+    """Kernels over one mapped segment. Built by :mod:`cpprb_ray.buffer`, not by users."""
+
+    cdef Py_buffer _buffer
+    cdef bint _has_buffer
+    cdef object _memory
+    cdef uint8_t* base
+    cdef Header* header
+    cdef pthread_mutex_t* mutex
+    cdef TreeView tree
+    cdef uint64_t* generations
+    cdef int64_t capacity
+    cdef int column_count
+    cdef uint8_t** columns
+    cdef int64_t* row_bytes
+    cdef Xoshiro256 rng
+    cdef readonly bint prioritized
+
+    def __cinit__(self):
+        self._has_buffer = False
+        self.columns = NULL
+        self.row_bytes = NULL
+
+    def __init__(self, memory, column_offsets, column_row_bytes, seed=None):
+        cdef int c
+        PyObject_GetBuffer(memory, &self._buffer, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+        self._has_buffer = True
+        self._memory = memory
+        self.base = <uint8_t*>self._buffer.buf
+        self.header = <Header*>self.base
+        self.mutex = <pthread_mutex_t*>(self.base + MUTEX_AT)
+        self.capacity = self.header.capacity
+        self.prioritized = self.header.prioritized != 0
+        tree_bind(&self.tree, <double*>(self.base + self.header.tree_offset), self.capacity)
+        self.generations = <uint64_t*>(self.base + self.header.generations_offset)
+        self.column_count = len(column_offsets)
+        self.columns = <uint8_t**>malloc(max(1, self.column_count) * sizeof(uint8_t*))
+        self.row_bytes = <int64_t*>malloc(max(1, self.column_count) * sizeof(int64_t))
+        if self.columns == NULL or self.row_bytes == NULL:
+            raise MemoryError()
+        for c in range(self.column_count):
+            self.columns[c] = self.base + <int64_t>column_offsets[c]
+            self.row_bytes[c] = column_row_bytes[c]
+        rng_seed(&self.rng, _seed_from(seed))
+
+    def __dealloc__(self):
+        free(self.columns)
+        free(self.row_bytes)
+        if self._has_buffer:
+            PyBuffer_Release(&self._buffer)
+
+    def release(self):
+        """Drop the buffer export so the mapping can be closed. Later calls raise ValueError."""
+        if self._has_buffer:
+            PyBuffer_Release(&self._buffer)
+            self._has_buffer = False
+        self._memory = None
+        self.base = NULL
+
+    cdef int _check(self) except -1:
+        if not self._has_buffer:
+            raise ValueError("operation on a closed buffer")
+        return 0
+
+    def seed(self, seed):
+        """Reseed this handle's sampler."""
+        rng_seed(&self.rng, _seed_from(seed))
+
+    # -- header fields, read without the lock (aligned 8-byte loads never tear) -----------------
+
+    @property
+    def stored_size(self):
+        self._check()
+        return self.header.stored_size
+
+    @property
+    def next_index(self):
+        self._check()
+        return self.header.next_index
+
+    @property
+    def max_priority(self):
+        self._check()
+        return self.header.max_priority
+
+    @property
+    def rows_added(self):
+        self._check()
+        return self.header.rows_added
+
+    @property
+    def repairs(self):
+        self._check()
+        return self.header.repairs
+
+    # -- locking and repair ---------------------------------------------------------------------
+
+    cdef int lock(self) noexcept nogil:
+        cdef int status = mutex_lock(self.mutex)
+        if status == LOCKED_OWNER_DIED:
+            self.repair()
+            mutex_consistent(self.mutex)
+            return 0
+        return status
+
+    cdef void unlock(self) noexcept nogil:
+        mutex_unlock(self.mutex)
+
+    cdef void repair(self) noexcept nogil:
+        """Undo what a holder killed mid-operation left; idempotent (the repairer may die too)."""
+        cdef Header* h = self.header
+        cdef uint64_t k, slot
+        if h.op == OP_ADD:
+            for k in range(h.pending_count):
+                slot = (h.pending_start + k) % <uint64_t>self.capacity
+                self.tree.sums[slot] = 0.0
+                self.tree.mins[slot] = INFINITY
+                self.generations[slot] |= 1
+            h.next_index = h.pending_old_next
+            h.stored_size = h.pending_old_stored
+        elif h.op == OP_CLEAR:
+            self.clear_locked()
+        tree_rebuild(&self.tree)
+        h.op = OP_NONE
+        h.repairs += 1
+
+    cdef void clear_locked(self) noexcept nogil:
+        cdef int64_t slot
+        self.header.op = OP_CLEAR
+        for slot in range(self.capacity):
+            self.generations[slot] = (self.generations[slot] | 1) + 1
+        tree_clear_all(&self.tree)
+        self.header.next_index = 0
+        self.header.stored_size = 0
+        self.header.max_priority = 1.0
+        self.header.op = OP_NONE
+
+    # -- add --------------------------------------------------------------------------------------
+
+    cdef int64_t add_locked(self, const uint8_t** sources, int64_t count,
+                            const double* priorities) noexcept nogil:
+        cdef Header* h = self.header
+        cdef int64_t capacity = self.capacity
+        cdef int64_t skipped = count - capacity if count > capacity else 0
+        cdef int64_t written = count - skipped
+        cdef int64_t start = (<int64_t>h.next_index + skipped) % capacity
+        cdef int64_t first_part = min(written, capacity - start)
+        cdef int64_t k, slot, c, rb
+        cdef double weight, priority, max_priority = h.max_priority
+        # 1. Say what we are about to do, so a repairer can undo it.
+        h.pending_start = start
+        h.pending_count = written
+        h.pending_old_next = h.next_index
+        h.pending_old_stored = h.stored_size
+        h.op = OP_ADD
+        # 2. Copy the rows (at most two contiguous runs around the ring's end).
+        for c in range(self.column_count):
+            rb = self.row_bytes[c]
+            memcpy(self.columns[c] + start * rb, sources[c] + skipped * rb,
+                   <size_t>(first_part * rb))
+            if written > first_part:
+                memcpy(self.columns[c], sources[c] + (skipped + first_part) * rb,
+                       <size_t>((written - first_part) * rb))
+        # 3. Priorities into the leaves, generations to the next even number.
+        for k in range(written):
+            slot = (start + k) % capacity
+            self.generations[slot] = (self.generations[slot] | 1) + 1
+            if self.prioritized:
+                priority = max_priority if priorities == NULL else priorities[skipped + k]
+                weight = leaf_weight(priority, h.alpha, h.eps)
+                self.tree.sums[slot] = weight
+                self.tree.mins[slot] = weight if weight > 0.0 else INFINITY
+        if self.prioritized:
+            tree_refresh_range(&self.tree, start, first_part)
+            tree_refresh_range(&self.tree, 0, written - first_part)
+            if priorities != NULL:
+                for k in range(count):
+                    if priorities[k] > max_priority:
+                        max_priority = priorities[k]
+                h.max_priority = max_priority
+        # 4. Commit.
+        h.stored_size = min(<int64_t>h.stored_size + written, capacity)
+        h.next_index = (start + written) % capacity
+        h.rows_added += count
+        h.op = OP_NONE
+        return start
+
+    def add(self, sources, int64_t count, priorities=None):
+        """add(sources, count, priorities) -> int: first slot written.
+
+        `sources` are C-contiguous arrays of exactly `count` rows each, in column order, already
+        of the column dtype; `priorities` is None or `count` finite float64 >= 0.
+        """
+        self._check()
+        if count <= 0:
+            raise ValueError(f"count must be > 0; got {count}")
+        if len(sources) != self.column_count:
+            raise ValueError(f"expected {self.column_count} columns; got {len(sources)}")
+        cdef Py_buffer* views = <Py_buffer*>malloc((self.column_count + 1) * sizeof(Py_buffer))
+        cdef const uint8_t** pointers = <const uint8_t**>malloc(
+            (self.column_count + 1) * sizeof(uint8_t*))
+        cdef Py_buffer priority_view
+        cdef bint has_priorities = False
+        cdef const double* priority_pointer = NULL
+        cdef int acquired = 0
+        cdef int c, status
+        cdef int64_t first = 0
+        if views == NULL or pointers == NULL:
+            free(views)
+            free(pointers)
+            raise MemoryError()
+        try:
+            for c in range(self.column_count):
+                PyObject_GetBuffer(sources[c], &views[c], PyBUF_C_CONTIGUOUS)
+                acquired += 1
+                if views[c].len != count * self.row_bytes[c]:
+                    raise ValueError(
+                        f"column {c} holds {views[c].len} bytes; expected {count} rows of "
+                        f"{self.row_bytes[c]} bytes")
+                pointers[c] = <const uint8_t*>views[c].buf
+            if priorities is not None:
+                PyObject_GetBuffer(priorities, &priority_view, PyBUF_C_CONTIGUOUS)
+                has_priorities = True
+                if priority_view.len != count * 8:
+                    raise ValueError(f"priorities must hold {count} float64 values")
+                priority_pointer = <const double*>priority_view.buf
+            with nogil:
+                status = self.lock()
+                if status == 0:
+                    first = self.add_locked(pointers, count, priority_pointer)
+                    self.unlock()
+            if status:
+                raise OSError(-status, "locking the buffer failed")
+            return first
+        finally:
+            for c in range(acquired):
+                PyBuffer_Release(&views[c])
+            if has_priorities:
+                PyBuffer_Release(&priority_view)
+            free(views)
+            free(pointers)
+
+    # -- sample -----------------------------------------------------------------------------------
+
+    cdef int64_t sample_locked(self, int64_t batch, double beta, double* scratch,
+                               int64_t* indexes, float* weights, uint64_t* generations,
+                               uint8_t** outputs) noexcept nogil:
+        cdef Header* h = self.header
+        cdef int64_t k, c, rb, index, stored = h.stored_size, tries
+        cdef double lowest, total
+        cdef uint8_t* dst
+        cdef const uint8_t* src
+        if stored == 0:
+            return ERR_EMPTY
+        if self.prioritized:
+            total = tree_total(&self.tree)
+            if not total > 0.0:
+                return ERR_EMPTY
+            tree_sample(&self.tree, &self.rng, scratch, indexes, batch)
+            lowest = tree_min(&self.tree)
+            for k in range(batch):
+                # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta
+                weights[k] = <float>(1.0 if beta == 0.0 else
+                                     pow(self.tree.sums[indexes[k]] / lowest, -beta))
+        else:
+            for k in range(batch):
+                # Skip a slot torn by a writer's death (odd generation); bounded retries, then
+                # a scan, so a buffer of only torn rows is reported empty instead of looping.
+                index = <int64_t>floor(rng_uniform(&self.rng) * stored)
+                tries = 0
+                while self.generations[index] & 1:
+                    tries += 1
+                    if tries < 64:
+                        index = <int64_t>floor(rng_uniform(&self.rng) * stored)
+                    else:
+                        index = 0
+                        while index < stored and self.generations[index] & 1:
+                            index += 1
+                        if index == stored:
+                            return ERR_EMPTY
+                        break
+                indexes[k] = index
+                weights[k] = 1.0
+        for k in range(batch):
+            generations[k] = self.generations[indexes[k]]
+        for c in range(self.column_count):
+            rb = self.row_bytes[c]
+            dst = outputs[c]
+            src = self.columns[c]
+            for k in range(batch):
+                copy_row(dst + k * rb, src + indexes[k] * rb, rb)
+        return batch
+
+    def sample(self, int64_t batch, double beta, outputs, indexes, weights, generations):
+        """Fill the given fresh arrays with a sample of `batch` rows. Raises ValueError if empty."""
+        self._check()
+        cdef int count = self.column_count + 3
+        cdef Py_buffer* views = <Py_buffer*>malloc(count * sizeof(Py_buffer))
+        cdef uint8_t** pointers = <uint8_t**>malloc(count * sizeof(uint8_t*))
+        cdef double* scratch = <double*>malloc(batch * sizeof(double))
+        cdef int acquired = 0
+        cdef int c, status
+        cdef int64_t result = 0
+        arrays = list(outputs) + [indexes, weights, generations]
+        if views == NULL or pointers == NULL or scratch == NULL:
+            free(views)
+            free(pointers)
+            free(scratch)
+            raise MemoryError()
+        try:
+            for c in range(count):
+                PyObject_GetBuffer(arrays[c], &views[c], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+                acquired += 1
+                pointers[c] = <uint8_t*>views[c].buf
+            with nogil:
+                status = self.lock()
+                if status == 0:
+                    result = self.sample_locked(
+                        batch, beta, scratch, <int64_t*>pointers[count - 3],
+                        <float*>pointers[count - 2], <uint64_t*>pointers[count - 1], pointers)
+                    self.unlock()
+            if status:
+                raise OSError(-status, "locking the buffer failed")
+            if result == ERR_EMPTY:
+                raise ValueError("cannot sample from an empty buffer")
+        finally:
+            for c in range(acquired):
+                PyBuffer_Release(&views[c])
+            free(views)
+            free(pointers)
+            free(scratch)
+
+    # -- update -----------------------------------------------------------------------------------
+
+    cdef int64_t update_locked(self, const int64_t* indexes, const double* priorities,
+                               const uint64_t* generations, int64_t count) noexcept nogil:
+        cdef Header* h = self.header
+        cdef int64_t k, index, applied = 0, stored = h.stored_size
+        cdef double weight, max_priority = h.max_priority
+        h.op = OP_UPDATE
+        for k in range(count):
+            index = indexes[k]
+            if index >= stored or self.generations[index] & 1:
+                continue          # cleared since validation, or torn by a dead writer
+            if generations != NULL and self.generations[index] != generations[k]:
+                continue          # overwritten since it was sampled
+            weight = leaf_weight(priorities[k], h.alpha, h.eps)
+            self.tree.sums[index] = weight
+            self.tree.mins[index] = weight if weight > 0.0 else INFINITY
+            if priorities[k] > max_priority:
+                max_priority = priorities[k]
+            applied += 1
+        tree_refresh(&self.tree, indexes, count)
+        h.max_priority = max_priority
+        h.op = OP_NONE
+        return applied
+
+    def update(self, indexes, priorities, generations=None):
+        """Apply validated int64 `indexes`, float64 `priorities`, optional uint64 `generations`."""
+        self._check()
+        cdef const int64_t[::1] index_view = indexes
+        cdef const double[::1] priority_view = priorities
+        cdef const uint64_t[::1] generation_view
+        cdef const uint64_t* generation_pointer = NULL
+        cdef int64_t count = index_view.shape[0]
+        cdef int64_t applied = 0
+        cdef int status
+        if priority_view.shape[0] != count:
+            raise ValueError("indexes and priorities differ in length")
+        if generations is not None:
+            generation_view = generations
+            if generation_view.shape[0] != count:
+                raise ValueError("indexes and generations differ in length")
+            if count:
+                generation_pointer = &generation_view[0]
+        if count == 0:
+            return 0
+        with nogil:
+            status = self.lock()
+            if status == 0:
+                applied = self.update_locked(&index_view[0], &priority_view[0],
+                                             generation_pointer, count)
+                self.unlock()
+        if status:
+            raise OSError(-status, "locking the buffer failed")
+        return applied
+
+    # -- whole-buffer operations --------------------------------------------------------------
+
+    def clear(self):
+        """Forget every row (generations move on, so old samples cannot update new rows)."""
+        self._check()
+        cdef int status
+        with nogil:
+            status = self.lock()
+            if status == 0:
+                self.clear_locked()
+                self.unlock()
+        if status:
+            raise OSError(-status, "locking the buffer failed")
+
+    def snapshot(self, outputs, indexes, priorities):
+        """Copy every committed row in slot order into `outputs` (each sized for the stored size
+        read before the call); returns how many rows were copied (torn rows are left out)."""
+        self._check()
+        cdef int count = self.column_count + 2
+        cdef Py_buffer* views = <Py_buffer*>malloc(count * sizeof(Py_buffer))
+        cdef uint8_t** pointers = <uint8_t**>malloc(count * sizeof(uint8_t*))
+        cdef int acquired = 0
+        cdef int c, status
+        cdef int64_t slot, room, copied = 0, rb
+        arrays = list(outputs) + [indexes, priorities]
+        if views == NULL or pointers == NULL:
+            free(views)
+            free(pointers)
+            raise MemoryError()
+        try:
+            for c in range(count):
+                PyObject_GetBuffer(arrays[c], &views[c], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+                acquired += 1
+                pointers[c] = <uint8_t*>views[c].buf
+            room = views[count - 2].len // 8
+            with nogil:
+                status = self.lock()
+                if status == 0:
+                    for slot in range(min(room, <int64_t>self.header.stored_size)):
+                        if self.generations[slot] & 1:
+                            continue
+                        for c in range(self.column_count):
+                            rb = self.row_bytes[c]
+                            copy_row(pointers[c] + copied * rb, self.columns[c] + slot * rb, rb)
+                        (<int64_t*>pointers[count - 2])[copied] = slot
+                        (<double*>pointers[count - 1])[copied] = self.tree.sums[slot]
+                        copied += 1
+                    self.unlock()
+            if status:
+                raise OSError(-status, "locking the buffer failed")
+            return copied
+        finally:
+            for c in range(acquired):
+                PyBuffer_Release(&views[c])
+            free(views)
+            free(pointers)
+
+    def check_tree(self):
+        """(sum root, sum of leaves, min root, min of set leaves) read under the lock; for tests."""
+        self._check()
+        cdef int status
+        cdef double root_sum, root_min
+        with nogil:
+            status = self.lock()
+            if status == 0:
+                root_sum = tree_total(&self.tree)
+                root_min = tree_min(&self.tree)
+                self.unlock()
+        if status:
+            raise OSError(-status, "locking the buffer failed")
+        sums = np.frombuffer(self._memory, dtype=np.float64, count=self.capacity,
+                             offset=self.header.tree_offset)
+        mins = np.frombuffer(self._memory, dtype=np.float64, count=self.capacity,
+                             offset=self.header.tree_offset + 8 * self.tree.level_doubles)
+        return root_sum, sums.copy(), root_min, mins.copy()
+
+    def generations_of(self, indexes):
+        """Current generation of each slot (uint64), for tests and diagnostics."""
+        self._check()
+        gens = np.frombuffer(self._memory, dtype=np.uint64, count=self.capacity,
+                             offset=self.header.generations_offset)
+        return gens[np.asarray(indexes, dtype=np.int64)].copy()

@@ -1,0 +1,42 @@
+# cython: language_level=3
+# A process-shared, robust pthread mutex that lives inside the segment it guards.
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_mutexattr_t:
+        pass
+    int PTHREAD_PROCESS_SHARED
+    int PTHREAD_MUTEX_ROBUST
+    int pthread_mutexattr_init(pthread_mutexattr_t* attr)
+    int pthread_mutexattr_destroy(pthread_mutexattr_t* attr)
+    int pthread_mutexattr_setpshared(pthread_mutexattr_t* attr, int pshared)
+    int pthread_mutexattr_setrobust(pthread_mutexattr_t* attr, int robust)
+    int pthread_mutex_init(pthread_mutex_t* mutex, const pthread_mutexattr_t* attr)
+    int pthread_mutex_lock(pthread_mutex_t* mutex)
+    int pthread_mutex_unlock(pthread_mutex_t* mutex)
+    int pthread_mutex_consistent(pthread_mutex_t* mutex)
+
+cdef extern from "<errno.h>" nogil:
+    int EOWNERDEAD
+
+cdef enum:
+    # Bytes reserved for the mutex in a segment: sizeof(pthread_mutex_t) is 40 on x86_64 glibc
+    # and 48 on aarch64; the module checks it fits at import.
+    MUTEX_BYTES = 64
+
+# Results of mutex_lock.
+cdef enum:
+    LOCKED = 0
+    LOCKED_OWNER_DIED = 1     # we hold it; the previous holder died: repair, then mark consistent
+
+cdef int mutex_init(pthread_mutex_t* mutex) noexcept nogil
+cdef int mutex_lock(pthread_mutex_t* mutex) noexcept nogil
+cdef int mutex_unlock(pthread_mutex_t* mutex) noexcept nogil
+cdef int mutex_consistent(pthread_mutex_t* mutex) noexcept nogil
+
+cdef class SharedMutex:
+    cdef pthread_mutex_t* mutex
+    cdef object _owner
+    cdef Py_buffer _buffer
+    cdef bint _has_buffer

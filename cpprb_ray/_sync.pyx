@@ -1,0 +1,133 @@
+# cython: language_level=3
+"""The robust, process-shared mutex that guards a buffer's segment.
+
+It lives in the segment itself (PTHREAD_PROCESS_SHARED), so no manager process or authkey is
+needed, and it is robust (PTHREAD_MUTEX_ROBUST): when a holder dies, the next locker gets
+EOWNERDEAD at once instead of waiting forever, repairs what the dead holder left half done and
+marks the mutex consistent. Waiting always happens with the GIL released.
+"""
+
+from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.stdint cimport uintptr_t
+from libc.string cimport memset
+
+if sizeof(pthread_mutex_t) > MUTEX_BYTES:  # pragma: no cover - checked on every supported libc
+    raise ImportError(f"pthread_mutex_t needs {sizeof(pthread_mutex_t)} bytes, > {MUTEX_BYTES}")
+
+MUTEX_NBYTES = MUTEX_BYTES
+
+
+cdef int mutex_init(pthread_mutex_t* mutex) noexcept nogil:
+    cdef pthread_mutexattr_t attr
+    cdef int status
+    memset(mutex, 0, MUTEX_BYTES)
+    status = pthread_mutexattr_init(&attr)
+    if status:
+        return status
+    status = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED)
+    if not status:
+        status = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST)
+    if not status:
+        status = pthread_mutex_init(mutex, &attr)
+    pthread_mutexattr_destroy(&attr)
+    return status
+
+
+cdef int mutex_lock(pthread_mutex_t* mutex) noexcept nogil:
+    """LOCKED, LOCKED_OWNER_DIED (caller repairs, then mutex_consistent), or -errno."""
+    cdef int status = pthread_mutex_lock(mutex)
+    if status == 0:
+        return LOCKED
+    if status == EOWNERDEAD:
+        return LOCKED_OWNER_DIED
+    return -status
+
+
+cdef int mutex_unlock(pthread_mutex_t* mutex) noexcept nogil:
+    return pthread_mutex_unlock(mutex)
+
+
+cdef int mutex_consistent(pthread_mutex_t* mutex) noexcept nogil:
+    return pthread_mutex_consistent(mutex)
+
+
+cdef class SharedMutex:
+    """A robust process-shared mutex laid in the first MUTEX_NBYTES bytes of `memory`.
+
+    Parameters
+    ----------
+    memory : writable buffer
+        Where the mutex lives (e.g. ``SharedMemory.buf`` or an mmap), 8-byte aligned.
+    initialize : bool
+        Initialize a new mutex there. Only the creator does this, before others attach.
+
+    Examples
+    --------
+    >>> from cpprb_ray._sync import MUTEX_NBYTES, SharedMutex
+    >>> memory = bytearray(MUTEX_NBYTES)
+    >>> mutex = SharedMutex(memory, initialize=True)
+    >>> mutex.acquire()       # False: the previous holder did not die
+    False
+    >>> mutex.release()
+    """
+
+    def __cinit__(self):
+        self._has_buffer = False
+        self.mutex = NULL
+
+    def __init__(self, memory, *, bint initialize=False):
+        PyObject_GetBuffer(memory, &self._buffer, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+        self._has_buffer = True
+        if self._buffer.len < MUTEX_BYTES or (<uintptr_t>self._buffer.buf) % 8:
+            self.close()
+            raise ValueError(f"memory must be 8-byte aligned and hold {MUTEX_BYTES} bytes")
+        self._owner = memory
+        self.mutex = <pthread_mutex_t*>self._buffer.buf
+        if initialize:
+            status = mutex_init(self.mutex)
+            if status:
+                self.close()
+                raise OSError(status, "pthread_mutex_init failed")
+
+    def __dealloc__(self):
+        if self._has_buffer:
+            PyBuffer_Release(&self._buffer)
+
+    def close(self):
+        """Drop the reference to the memory."""
+        if self._has_buffer:
+            PyBuffer_Release(&self._buffer)
+            self._has_buffer = False
+        self.mutex = NULL
+        self._owner = None
+
+    def acquire(self):
+        """acquire() -> bool: lock, waiting with the GIL released.
+
+        Returns True when the previous holder died while holding it; the caller then owns the
+        repair and must call ``mark_consistent()`` before ``release()``.
+        """
+        if self.mutex == NULL:
+            raise ValueError("this SharedMutex is closed")
+        cdef int status
+        with nogil:
+            status = mutex_lock(self.mutex)
+        if status < 0:
+            raise OSError(-status, "pthread_mutex_lock failed")
+        return status == LOCKED_OWNER_DIED
+
+    def mark_consistent(self):
+        """Declare the state repaired after ``acquire()`` returned True."""
+        if self.mutex == NULL:
+            raise ValueError("this SharedMutex is closed")
+        status = mutex_consistent(self.mutex)
+        if status:
+            raise OSError(status, "pthread_mutex_consistent failed")
+
+    def release(self):
+        """Unlock."""
+        if self.mutex == NULL:
+            raise ValueError("this SharedMutex is closed")
+        status = mutex_unlock(self.mutex)
+        if status:
+            raise OSError(status, "pthread_mutex_unlock failed")
