@@ -1,0 +1,63 @@
+"""Shared fixtures: backends, one Ray runtime per session, and a leak check on every test."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import pytest
+
+SEGMENT_PREFIX = "cpprb_ray"
+
+
+def _segment_dirs() -> list[str]:
+    dirs = [d for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d)]
+    return dirs
+
+
+def _segments() -> set[str]:
+    found = set()
+    for directory in _segment_dirs():
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        found.update(os.path.join(directory, n) for n in names if n.startswith(SEGMENT_PREFIX))
+    return found
+
+
+def available_backends() -> list[str]:
+    backends = ["mmap"]
+    if sys.version_info >= (3, 8):
+        backends.insert(0, "shm")
+    return backends
+
+
+@pytest.fixture(params=available_backends())
+def backend(request) -> str:
+    """Every buffer test runs once per backend this Python has."""
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_segments():
+    """Fail the test that leaves a cpprb_ray segment (shm or mmap file) behind."""
+    before = _segments()
+    yield
+    leaked = _segments() - before
+    for path in leaked:  # remove them so one leak does not fail every later test
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    assert not leaked, f"test leaked segments: {sorted(leaked)}"
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One real Ray runtime (2 CPUs) for the whole session, started on first use."""
+    import ray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
