@@ -1,1 +1,27 @@
-"""cpprb_ray"""
+"""cpprb_ray: shared-memory prioritized experience replay for distributed reinforcement learning.
+
+One buffer lives in one shared-memory segment; the Python object is a thin handle that pickles by
+name and re-attaches in place in any process on the host (multiprocessing children, Ray tasks and
+actors). The API is cpprb's: a cpprb user changes only the import.
+
+Examples
+--------
+>>> from cpprb_ray import PrioritizedReplayBuffer
+>>> with PrioritizedReplayBuffer(16, {"obs": {"shape": 3}}) as rb:
+...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+...     print(rb.sample(2)["obs"].shape)
+(2, 3)
+"""
+
+from cpprb_ray._orphans import list_buffers, remove_buffer, remove_orphans
+from cpprb_ray.buffer import PrioritizedReplayBuffer, ReplayBuffer, attach
+
+__all__ = [
+    "PrioritizedReplayBuffer",
+    "ReplayBuffer",
+    "attach",
+    "list_buffers",
+    "remove_buffer",
+    "remove_orphans",
+]
+__version__ = "0.1.0"

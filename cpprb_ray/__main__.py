@@ -1,0 +1,63 @@
+"""Command line: ``python -m cpprb_ray ls`` and ``python -m cpprb_ray rm NAME | --orphans``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from cpprb_ray._orphans import list_buffers, remove_buffer, remove_orphans
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"  # pragma: no cover
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cpprb_ray",
+                                     description="List and remove cpprb_ray buffers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("ls", help="list this user's buffers")
+    remove = commands.add_parser("rm", help="remove buffers by name, or every orphan")
+    remove.add_argument("names", nargs="*", help="buffer names (shm) or paths (mmap)")
+    remove.add_argument("--orphans", action="store_true",
+                        help="remove every buffer whose owner process is gone")
+    args = parser.parse_args(argv)
+
+    if args.command == "ls":
+        rows = list_buffers()
+        print(f"{'NAME':<40} {'BACKEND':<7} {'SIZE':>10} {'ROWS':>15} {'OWNER PID':>9} OWNER ALIVE")
+        for row in rows:
+            rows_text = f"{row['stored']}/{row['capacity']}"
+            print(f"{row['name']:<40} {row['backend']:<7} {_human(row['size']):>10} "
+                  f"{rows_text:>15} {row['owner_pid']:>9} {'yes' if row['owner_alive'] else 'no'}")
+        return 0
+
+    if not args.names and not args.orphans:
+        parser.error("rm needs NAME ... or --orphans")
+    status = 0
+    for name in args.names:
+        try:
+            removed = remove_buffer(name)
+        except ValueError as error:
+            print(f"refused {name}: {error}", file=sys.stderr)
+            status = 1
+            continue
+        if removed:
+            print(f"removed {name}")
+        else:
+            print(f"no such buffer: {name}", file=sys.stderr)
+            status = 1
+    if args.orphans:
+        for name in remove_orphans():
+            print(f"removed orphan {name}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""env_dict -> segment layout, and the self-describing layout JSON that lets attach work from
+a name alone (and refuse anything foreign, truncated or corrupt before touching memory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from cpprb_ray import _store
+
+DATA_ALIGN = 4096      # columns start on a page
+COLUMN_ALIGN = 64      # every column, the tree and generations start on a cache line
+RESERVED_KEYS = ("indexes", "weights", "generations", "priorities")
+
+
+def _align(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+class Column:
+    """One env_dict entry: name, dtype, per-row shape, byte offset in the segment."""
+
+    __slots__ = ("name", "dtype", "shape", "row_bytes", "offset")
+
+    def __init__(self, name: str, dtype: np.dtype, shape: Tuple[int, ...], offset: int = 0):
+        self.name = name
+        self.dtype = dtype
+        self.shape = shape
+        self.row_bytes = int(dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
+        self.offset = offset
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype.str, "shape": list(self.shape),
+                "offset": self.offset, "row_bytes": self.row_bytes}
+
+
+def parse_env_dict(env_dict: Mapping[str, Any]) -> List[Column]:
+    """Validate cpprb's env_dict: {key: {"shape": int|tuple (1), "dtype": dtype (float32)}}."""
+    if not isinstance(env_dict, Mapping):
+        raise TypeError(f"env_dict must be a dict of column specs; got {type(env_dict).__name__}")
+    if not env_dict:
+        raise ValueError("env_dict must name at least one column; got an empty dict")
+    columns = []
+    for name, spec in env_dict.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"env_dict keys must be identifiers (they are keyword arguments "
+                             f"of add); got {name!r}")
+        if name in RESERVED_KEYS:
+            raise ValueError(f"env_dict key {name!r} is reserved for sample()'s output")
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"env_dict[{name!r}] must be a dict; got {type(spec).__name__}")
+        unknown = set(spec) - {"shape", "dtype"}
+        if unknown:
+            raise ValueError(f"env_dict[{name!r}] has unsupported keys {sorted(unknown)}; "
+                             f"expected 'shape' and 'dtype'")
+        shape_spec = spec.get("shape", 1)
+        if isinstance(shape_spec, (int, np.integer)) and not isinstance(shape_spec, bool):
+            shape: Tuple[int, ...] = (int(shape_spec),)
+        elif isinstance(shape_spec, (tuple, list)) and all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape_spec):
+            shape = tuple(int(d) for d in shape_spec)
+        else:
+            raise TypeError(f"env_dict[{name!r}]['shape'] must be an int or a tuple of ints; "
+                            f"got {shape_spec!r}")
+        if any(d <= 0 for d in shape):
+            raise ValueError(f"env_dict[{name!r}]['shape'] must be positive; got {shape}")
+        try:
+            dtype = np.dtype(spec.get("dtype", np.float32))
+        except TypeError as error:
+            raise TypeError(f"env_dict[{name!r}]['dtype'] is not a numpy dtype: "
+                            f"{spec.get('dtype')!r}") from error
+        if dtype.hasobject or dtype.itemsize == 0 or dtype.fields is not None:
+            raise TypeError(f"env_dict[{name!r}]['dtype'] must be a fixed-size plain dtype; "
+                            f"got {dtype}")
+        columns.append(Column(name, dtype, shape))
+    return columns
+
+
+def process_start_time(pid: int) -> Optional[int]:
+    """The start time of `pid` in clock ticks (from /proc), to tell a live owner from a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Layout:
+    """Where everything of a buffer lives in its segment."""
+
+    def __init__(self, capacity: int, prioritized: bool, columns: List[Column], meta: Dict[str, Any],
+                 data_offset: int, tree_offset: int, generations_offset: int, total_size: int):
+        self.capacity = capacity
+        self.prioritized = prioritized
+        self.columns = columns
+        self.meta = meta
+        self.data_offset = data_offset
+        self.tree_offset = tree_offset
+        self.generations_offset = generations_offset
+        self.total_size = total_size
+
+    def to_json(self) -> bytes:
+        return json.dumps({"columns": [c.to_json() for c in self.columns],
+                           "meta": self.meta}, sort_keys=True).encode()
+
+
+def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str) -> Layout:
+    """Lay out a new segment for `capacity` rows of `columns`."""
+    meta = {"backend": backend, "owner_pid": os.getpid(),
+            "owner_start": process_start_time(os.getpid()), "host": socket.gethostname(),
+            "created": time.time()}
+    # The JSON length fixes where data starts; offsets inside the JSON do not change its length
+    # enough to matter because we reserve generously and re-check below.
+    draft = Layout(capacity, prioritized, columns, meta, 0, 0, 0, 0).to_json()
+    data_offset = _align(_store.LAYOUT_OFFSET + len(draft) + 64 * len(columns) + 256, DATA_ALIGN)
+    offset = data_offset
+    for column in columns:
+        column.offset = offset
+        offset = _align(offset + capacity * column.row_bytes, COLUMN_ALIGN)
+    tree_offset = offset
+    offset = _align(offset + _store.tree_nbytes(capacity), COLUMN_ALIGN)
+    generations_offset = offset
+    total_size = _align(offset + 8 * capacity, DATA_ALIGN)
+    layout = Layout(capacity, prioritized, columns, meta, data_offset, tree_offset,
+                    generations_offset, total_size)
+    if _store.LAYOUT_OFFSET + len(layout.to_json()) > data_offset:  # pragma: no cover
+        raise RuntimeError("layout JSON outgrew its reserved space")
+    return layout
+
+
+def corrupt(location: str, why: str) -> ValueError:
+    return ValueError(f"{location!r} is not a valid cpprb_ray buffer: {why}")
+
+
+def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
+    """Read and validate the header and layout of a mapped segment of `size` bytes."""
+    if size < _store.LAYOUT_OFFSET:
+        raise corrupt(location, f"{size} bytes is smaller than a header")
+    header = _store.read_header(memory)
+    if header["magic"] != _store.MAGIC:
+        raise corrupt(location, "bad magic (not a cpprb_ray segment, or not initialized)")
+    if header["version"] != _store.LAYOUT_VERSION:
+        raise corrupt(location, f"layout version {header['version']}, this cpprb_ray reads "
+                                f"{_store.LAYOUT_VERSION}")
+    if header["total_size"] > size:
+        raise corrupt(location, f"header says {header['total_size']} bytes, segment has {size} "
+                                f"(truncated)")
+    capacity = header["capacity"]
+    layout_end = header["layout_offset"] + header["layout_length"]
+    if (capacity < 1 or header["layout_offset"] != _store.LAYOUT_OFFSET
+            or layout_end > header["data_offset"] or header["data_offset"] > size):
+        raise corrupt(location, "inconsistent header fields")
+    try:
+        document = json.loads(bytes(memory[header["layout_offset"]:layout_end]).decode())
+        columns = []
+        for entry in document["columns"]:
+            column = Column(str(entry["name"]), np.dtype(entry["dtype"]),
+                            tuple(int(d) for d in entry["shape"]), int(entry["offset"]))
+            if column.row_bytes != entry["row_bytes"]:
+                raise ValueError("row size mismatch")
+            columns.append(column)
+        meta = dict(document["meta"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+        raise corrupt(location, f"unreadable layout ({error})") from None
+    if not columns:
+        raise corrupt(location, "no columns")
+    total = header["total_size"]
+    for column in columns:
+        if column.offset < header["data_offset"] or column.offset + capacity * column.row_bytes > total:
+            raise corrupt(location, f"column {column.name!r} lies outside the segment")
+    tree_end = header["tree_offset"] + _store.tree_nbytes(capacity)
+    if header["tree_offset"] % 8 or tree_end > total:
+        raise corrupt(location, "tree lies outside the segment")
+    if header["generations_offset"] % 8 or header["generations_offset"] + 8 * capacity > total:
+        raise corrupt(location, "generations lie outside the segment")
+    if header["next_index"] >= capacity or header["stored_size"] > capacity:
+        raise corrupt(location, "ring indices out of range")
+    layout = Layout(capacity, bool(header["prioritized"]), columns, meta, header["data_offset"],
+                    header["tree_offset"], header["generations_offset"], total)
+    return header, layout

@@ -1,0 +1,169 @@
+"""Segments: create, attach, close and unlink one mapping per buffer, on two backends.
+
+``"shm"``
+    POSIX shared memory (``shm_open``), Python >= 3.8. We call ``_posixshmem`` -- the very
+    module ``multiprocessing.shared_memory`` is built on -- instead of ``SharedMemory`` because
+    on CPython < 3.13 every ``SharedMemory`` registers its segment with the resource tracker,
+    which unlinks it when *that* process exits (bpo-38119 / gh-82300). A Ray worker or a
+    multiprocessing child that attached would destroy the learner's buffer on its way out.
+    Python 3.13's ``track=False`` fixes this; doing it ourselves fixes it everywhere.
+``"mmap"``
+    A regular file mapped ``MAP_SHARED``. The default file lives in /dev/shm when present (so it
+    is RAM, like "shm"), else in the temp dir; or at a path the user chooses, which also allows a
+    disk-backed buffer larger than RAM. This is the backend of CPython 3.7, which has no
+    ``_posixshmem``.
+
+Both create their object with mode 0600 and ``O_EXCL``, so a name is never silently reused.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import tempfile
+from typing import Optional
+
+try:  # CPython >= 3.8 on POSIX
+    import _posixshmem  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - exercised by the Python 3.7 leg
+    _posixshmem = None
+
+PREFIX = "cpprb_ray_"
+SHM_DIR = "/dev/shm"
+BACKENDS = ("shm", "mmap")
+
+
+def shm_available() -> bool:
+    """Whether the "shm" backend exists on this Python."""
+    return _posixshmem is not None
+
+
+def resolve_backend(backend: str) -> str:
+    """Map "auto" to a concrete backend and validate the name."""
+    if backend == "auto":
+        return "shm" if shm_available() else "mmap"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto', 'shm' or 'mmap'; got {backend!r}")
+    if backend == "shm" and not shm_available():
+        raise ValueError("backend 'shm' needs Python >= 3.8 (multiprocessing.shared_memory); "
+                         "use backend='mmap'")
+    return backend
+
+
+def new_name() -> str:
+    """A fresh segment name: the prefix and a random token."""
+    return PREFIX + secrets.token_hex(8)
+
+
+def default_mmap_dir() -> str:
+    return SHM_DIR if os.path.isdir(SHM_DIR) else tempfile.gettempdir()
+
+
+def _check_shm_name(name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str; got {type(name).__name__}")
+    if not name or "/" in name or len(name) > 200 or name in (".", ".."):
+        raise ValueError(f"name must be 1-200 characters without '/'; got {name!r}")
+    return name
+
+
+class Segment:
+    """One mapped segment. ``location`` is the shm name ("shm") or the file path ("mmap")."""
+
+    __slots__ = ("backend", "location", "size", "memory", "__weakref__")
+
+    def __init__(self, backend: str, location: str, size: int, memory: mmap.mmap) -> None:
+        self.backend = backend
+        self.location = location
+        self.size = size
+        self.memory = memory
+
+    def close(self) -> None:
+        """Unmap (raises BufferError while arrays still point into it)."""
+        if self.memory is not None and not self.memory.closed:
+            self.memory.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.memory is None or self.memory.closed
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def create(backend: str, size: int, name: Optional[str] = None,
+           path: Optional[str] = None) -> Segment:
+    """Create a zero-filled segment of `size` bytes (mode 0600, never reusing a name)."""
+    if backend == "shm":
+        if path is not None:
+            raise ValueError("path= is only for backend='mmap'")
+        location = _check_shm_name(name) if name is not None else new_name()
+        fd = _posixshmem.shm_open("/" + location, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        unlink_on_error = lambda: _posixshmem.shm_unlink("/" + location)  # noqa: E731
+    else:
+        if path is None:
+            base = _check_shm_name(name) if name is not None else new_name()
+            location = os.path.join(default_mmap_dir(), base)
+        else:
+            if name is not None:
+                raise ValueError("pass either name= or path=, not both")
+            location = os.path.abspath(os.fspath(path))
+        fd = os.open(location, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        unlink_on_error = lambda: os.unlink(location)  # noqa: E731
+    try:
+        os.ftruncate(fd, size)
+        memory = _map(fd, size)
+    except BaseException:
+        unlink_on_error()
+        raise
+    finally:
+        os.close(fd)
+    return Segment(backend, location, size, memory)
+
+
+def locate(name_or_path: str) -> tuple:
+    """(backend, location) for a name given to attach: a path means "mmap", a name "shm"."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"name_or_path must be a str or path; got {type(name_or_path).__name__}")
+    text = os.fspath(name_or_path)
+    if "/" in text:
+        return "mmap", os.path.abspath(text)
+    if shm_available():
+        return "shm", _check_shm_name(text)
+    # Python 3.7: a bare name is a file in the default mmap directory.
+    return "mmap", os.path.join(default_mmap_dir(), _check_shm_name(text))
+
+
+def attach(backend: str, location: str) -> Segment:
+    """Map an existing segment read-write. FileNotFoundError if it does not exist."""
+    if backend == "shm":
+        fd = _posixshmem.shm_open("/" + location, os.O_RDWR, mode=0o600)
+    else:
+        fd = os.open(location, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            raise ValueError(f"{location!r} is empty: not a cpprb_ray buffer")
+        memory = _map(fd, size)
+    finally:
+        os.close(fd)
+    return Segment(backend, location, size, memory)
+
+
+def unlink(backend: str, location: str) -> bool:
+    """Remove the segment's name; True if it existed. Mappings elsewhere stay valid."""
+    try:
+        if backend == "shm":
+            _posixshmem.shm_unlink("/" + location)
+        else:
+            os.unlink(location)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def file_of(backend: str, location: str) -> str:
+    """The file behind a segment (on Linux, POSIX shm objects are files in /dev/shm)."""
+    return os.path.join(SHM_DIR, location) if backend == "shm" else location

@@ -1,0 +1,108 @@
+"""Find and remove this user's buffers, e.g. those of an owner killed with SIGKILL.
+
+An owner that is killed cannot unlink its segment; the segment (and every view mapping it) goes
+on working, and its name stays in /dev/shm until somebody removes it. Each segment records its
+owner's pid and the start time of that process, so a pid reused by an unrelated process does not
+count as the owner being alive.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List
+
+from cpprb_ray import _layout, _memory, _store
+
+def _candidate_files() -> List[str]:
+    directories = {_memory.default_mmap_dir(), _memory.SHM_DIR}
+    files = []
+    for directory in sorted(d for d in directories if os.path.isdir(d)):
+        try:
+            entries = os.scandir(directory)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    if (entry.is_file(follow_symlinks=False)
+                            and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+                            and entry.stat(follow_symlinks=False).st_size >= _store.LAYOUT_OFFSET):
+                        files.append(entry.path)
+                except OSError:
+                    continue
+    return files
+
+
+def _owner_alive(meta: Dict[str, Any]) -> bool:
+    pid = int(meta.get("owner_pid", 0))
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    started = meta.get("owner_start")
+    return started is None or _layout.process_start_time(pid) == started
+
+
+def _describe(path: str) -> Dict[str, Any]:
+    with open(path, "rb") as handle:
+        head = handle.read(_store.HEADER_NBYTES)
+        if len(head) < _store.HEADER_NBYTES or head[:8] != _store.MAGIC:
+            raise ValueError("not a cpprb_ray buffer")
+        handle.seek(0)
+        data = bytearray(handle.read(65536))
+    size = os.path.getsize(path)
+    # Header and layout JSON sit in the first 64 KiB; the rest is only checked arithmetically.
+    header, layout = _layout.read(data, size, path)
+    backend = layout.meta.get("backend", "mmap")
+    name = os.path.basename(path) if backend == "shm" else path
+    return {"name": name, "backend": backend, "size": size, "capacity": layout.capacity,
+            "stored": header["stored_size"], "prioritized": layout.prioritized,
+            "owner_pid": int(layout.meta.get("owner_pid", 0)),
+            "owner_alive": _owner_alive(layout.meta), "path": path}
+
+
+def list_buffers() -> List[Dict[str, Any]]:
+    """This user's cpprb_ray buffers on this host, as dicts.
+
+    Keys: name, backend, size (bytes), capacity, stored, prioritized, owner_pid, owner_alive, path.
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer, list_buffers
+    >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+    ...     print(any(entry["name"] == rb.name for entry in list_buffers()))
+    True
+    """
+    found = []
+    for path in _candidate_files():
+        try:
+            found.append(_describe(path))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def remove_buffer(name_or_path: str) -> bool:
+    """Unlink a buffer by name (shm) or path (mmap); True if it existed. Views keep working."""
+    backend, location = _memory.locate(name_or_path)
+    path = _memory.file_of(backend, location)
+    if not os.path.exists(path):
+        return False
+    _describe(path)  # refuse to remove anything that is not a cpprb_ray buffer
+    return _memory.unlink(backend, location)
+
+
+def remove_orphans() -> List[str]:
+    """Unlink every buffer whose owner process is gone; returns their names."""
+    removed = []
+    for entry in list_buffers():
+        if not entry["owner_alive"]:
+            backend = entry["backend"]
+            location = entry["name"] if backend == "shm" else entry["path"]
+            if _memory.unlink(backend, location):
+                removed.append(entry["name"])
+    return removed

@@ -1,0 +1,488 @@
+"""ReplayBuffer and PrioritizedReplayBuffer: thin handles on one shared segment.
+
+A handle validates and casts user input, then makes ONE call into :mod:`cpprb_ray._store`, which
+takes the segment's lock, does the work with the GIL released and lets go. Handles pickle to the
+segment's name and re-attach in place wherever they are unpickled on the same host.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+from typing import Any, Dict, Mapping, Optional, Union
+
+import numpy as np
+
+from cpprb_ray import _layout, _memory, _store
+
+__all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _cleanup(segment: _memory.Segment, owner_pid: int) -> None:
+    """Finalizer of an owner handle that was never closed: free the segment's name.
+
+    A forked child inherits the owner's handle and finalizer; only the creating process frees.
+    """
+    if os.getpid() == owner_pid:
+        _memory.unlink(segment.backend, segment.location)
+
+
+def _as_count(value: Any, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    return int(value)
+
+
+def _as_real(value: Any, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                      np.floating)):
+        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite; got {value}")
+    return value
+
+
+def _as_priorities(priorities: Any, count: int, name: str = "priorities") -> np.ndarray:
+    array = np.asarray(priorities)
+    if array.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must be real numbers; got dtype {array.dtype}")
+    if array.ndim > 1:
+        raise ValueError(f"{name} must be a scalar or 1-D; got shape {array.shape}")
+    array = np.ascontiguousarray(array.reshape(-1), dtype=np.float64)
+    if array.shape[0] != count:
+        raise ValueError(f"{name} must have {count} entries (one per row); got {array.shape[0]}")
+    bad = ~(np.isfinite(array) & (array >= 0))
+    if bad.any():
+        position = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name} must be finite and >= 0; got {array[position]} at position "
+                         f"{position}")
+    return array
+
+
+class ReplayBuffer:
+    """A uniform replay buffer in one shared-memory segment, usable from many processes.
+
+    The same storage and API as :class:`PrioritizedReplayBuffer`, with uniform sampling
+    (cpprb's ``ReplayBuffer``).
+
+    Parameters
+    ----------
+    size : int
+        Capacity in rows (> 0). When full, the oldest rows are overwritten.
+    env_dict : dict
+        ``{key: {"shape": int or tuple (default 1), "dtype": numpy dtype (default float32)}}``.
+    backend : {"auto", "shm", "mmap"}
+        "auto" is "shm" where Python has it (>= 3.8), else "mmap".
+    name : str, optional
+        Segment name (default: ``cpprb_ray_`` and a random token). Must not exist yet.
+    path : str, optional
+        With backend="mmap", the file to create (may be on disk, even larger than RAM).
+    seed : int, optional
+        Seed of this handle's sampler. Unpickled handles draw a fresh seed.
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer
+    >>> with ReplayBuffer(4, {"obs": {"shape": 2}, "act": {"dtype": "int64"}}, seed=0) as rb:
+    ...     rb.add(obs=[[0.0, 1.0], [2.0, 3.0]], act=[5, 6])
+    ...     batch = rb.sample(3)
+    ...     print(rb.get_stored_size(), batch["obs"].shape, batch["act"].dtype)
+    0
+    2 (3, 2) int64
+    """
+
+    _prioritized = False
+
+    def __init__(self, size: int, env_dict: Mapping[str, Any], *, backend: str = "auto",
+                 name: Optional[str] = None, path: Optional[PathLike] = None,
+                 seed: Optional[int] = None) -> None:
+        self._create(size, env_dict, backend, name, path, seed, alpha=0.0, eps=0.0)
+
+    # -- construction helpers ---------------------------------------------------------------------
+
+    def _create(self, size: Any, env_dict: Mapping[str, Any], backend: str, name: Optional[str],
+                path: Optional[PathLike], seed: Optional[int], *, alpha: float,
+                eps: float) -> None:
+        capacity = _as_count(size, "size")
+        if capacity <= 0:
+            raise ValueError(f"size must be > 0; got {capacity}")
+        columns = _layout.parse_env_dict(env_dict)
+        backend = _memory.resolve_backend(backend)
+        if path is not None and backend != "mmap":
+            raise ValueError("path= needs backend='mmap'")
+        if seed is not None:
+            _as_count(seed, "seed")
+        layout = _layout.plan(capacity, columns, self._prioritized, backend)
+        segment = _memory.create(backend, layout.total_size, name=name, path=path)
+        try:
+            _store.initialize_segment(
+                segment.memory, total_size=layout.total_size, capacity=capacity,
+                prioritized=self._prioritized, alpha=alpha, eps=eps, owner_pid=os.getpid(),
+                layout_json=layout.to_json(), data_offset=layout.data_offset,
+                tree_offset=layout.tree_offset, generations_offset=layout.generations_offset,
+                created_ns=0)
+        except BaseException:
+            segment.close()
+            _memory.unlink(segment.backend, segment.location)
+            raise
+        self._bind(segment, layout, owner=True, seed=seed)
+
+    def _bind(self, segment: _memory.Segment, layout: _layout.Layout, *, owner: bool,
+              seed: Optional[int]) -> None:
+        self._segment = segment
+        self._layout = layout
+        self._columns = layout.columns
+        self._column_names = frozenset(c.name for c in layout.columns)
+        self._store = _store.ReplayStore(segment.memory, [c.offset for c in layout.columns],
+                                         [c.row_bytes for c in layout.columns], seed)
+        self._owner = owner
+        self._owner_pid = os.getpid()
+        self._close_lock = threading.Lock()
+        self._finalizer = (weakref.finalize(self, _cleanup, segment, self._owner_pid)
+                           if owner else None)
+
+    @classmethod
+    def attach(cls, name_or_path: PathLike, *, seed: Optional[int] = None):
+        """Open a view of an existing buffer from its name (shm) or path (mmap) alone.
+
+        Raises FileNotFoundError when there is no such segment, ValueError when it is not a
+        valid cpprb_ray buffer (foreign, truncated or corrupt) or not of this class's kind.
+
+        Examples
+        --------
+        >>> from cpprb_ray import PrioritizedReplayBuffer
+        >>> with PrioritizedReplayBuffer(8, {"obs": {}}) as rb:
+        ...     rb.add(obs=1.5)
+        ...     with PrioritizedReplayBuffer.attach(rb.name) as view:
+        ...         print(view.get_stored_size(), view.is_owner)
+        0
+        1 False
+        """
+        backend, location = _memory.locate(name_or_path)
+        segment = _memory.attach(backend, location)
+        try:
+            header, layout = _layout.read(segment.memory, segment.size, location)
+            if layout.prioritized != cls._prioritized and cls is not ReplayBuffer:
+                raise ValueError(f"{location!r} is a {'prioritized' if layout.prioritized else 'uniform'} "
+                                 f"buffer; attach it with cpprb_ray.attach()")
+            target = PrioritizedReplayBuffer if layout.prioritized else ReplayBuffer
+            if not issubclass(target, cls):
+                target = cls
+            handle = target.__new__(target)
+            handle._bind(segment, layout, owner=False, seed=seed)
+            return handle
+        except BaseException:
+            segment.close()
+            raise
+
+    def __reduce__(self):
+        # Only what re-attaching needs: a few hundred bytes whatever the buffer's size.
+        return (_reattach, (type(self), self._segment.backend, self._segment.location))
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The shm name ("shm") or file path ("mmap"); what :meth:`attach` takes."""
+        return self._segment.location
+
+    @property
+    def backend(self) -> str:
+        """"shm" or "mmap"."""
+        return self._segment.backend
+
+    @property
+    def is_owner(self) -> bool:
+        """True in the process that created the buffer (its close frees the memory)."""
+        return self._owner and os.getpid() == self._owner_pid
+
+    @property
+    def closed(self) -> bool:
+        return self._segment.closed
+
+    @property
+    def env_dict(self) -> Dict[str, Dict[str, Any]]:
+        return {c.name: {"shape": c.shape, "dtype": c.dtype} for c in self._columns}
+
+    def get_stored_size(self) -> int:
+        """Rows stored (at most the buffer size)."""
+        return int(self._store.stored_size)
+
+    def get_buffer_size(self) -> int:
+        """Capacity in rows."""
+        return self._layout.capacity
+
+    def get_next_index(self) -> int:
+        """Slot the next add writes first."""
+        return int(self._store.next_index)
+
+    def __len__(self) -> int:
+        return self.get_stored_size()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.get_stored_size()}/{self.get_buffer_size()}"
+        role = "owner" if self.is_owner else "view"
+        return f"<{type(self).__name__} {self.backend}:{self.name} {state} {role}>"
+
+    # -- add ----------------------------------------------------------------------------------
+
+    def _rows(self, columns: Dict[str, Any]) -> tuple:
+        """Validate and cast one transition or a batch; returns (arrays, count)."""
+        if len(columns) != len(self._columns) or not self._column_names.issuperset(columns):
+            missing = sorted(self._column_names - set(columns))
+            unknown = sorted(set(columns) - self._column_names)
+            raise ValueError(f"add needs exactly the columns {sorted(self._column_names)}; "
+                             f"missing {missing}, unknown {unknown}")
+        arrays = []
+        count = -1
+        for column in self._columns:
+            value = columns[column.name]
+            array = value if type(value) is np.ndarray else np.asarray(value)
+            if array.dtype != column.dtype:
+                if array.dtype.kind not in "biuf" or not np.can_cast(
+                        array.dtype, column.dtype, casting="same_kind"):
+                    raise TypeError(f"column {column.name!r} has dtype {column.dtype}; cannot "
+                                    f"cast {array.dtype} to it (same_kind casting)")
+                array = array.astype(column.dtype)
+            shape = array.shape
+            if shape == column.shape or (column.shape == (1,) and shape == ()):
+                rows = 1
+            elif shape[1:] == column.shape or (column.shape == (1,) and array.ndim == 1):
+                rows = shape[0]
+            else:
+                raise ValueError(f"column {column.name!r} must have shape {column.shape} or "
+                                 f"(batch, *{column.shape}); got {shape}")
+            if count < 0:
+                count = rows
+            elif rows != count:
+                raise ValueError(f"ragged batch: column {column.name!r} has {rows} rows, "
+                                 f"{self._columns[0].name!r} has {count}")
+            if not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array)
+            arrays.append(array)
+        if count == 0:
+            raise ValueError("add needs at least one row; got a batch of 0")
+        return arrays, count
+
+    def add(self, **columns: Any) -> int:
+        """add(**columns) -> int: store one transition or a batch; returns the first slot written.
+
+        Every env_dict key is required and no other is accepted. A single transition may omit
+        the batch axis. Values are cast to the column dtype where numpy's same_kind casting
+        allows, else TypeError. When full, the oldest rows are overwritten.
+        """
+        arrays, count = self._rows(columns)
+        return int(self._store.add(arrays, count))
+
+    # -- sample -------------------------------------------------------------------------------
+
+    def _check_batch(self, batch_size: Any) -> int:
+        batch = _as_count(batch_size, "batch_size")
+        if batch <= 0:
+            raise ValueError(f"batch_size must be > 0; got {batch}")
+        return batch
+
+    def _sample(self, batch: int, beta: float) -> Dict[str, np.ndarray]:
+        outputs = [np.empty((batch,) + c.shape, dtype=c.dtype) for c in self._columns]
+        indexes = np.empty(batch, dtype=np.int64)
+        weights = np.empty(batch, dtype=np.float32)
+        generations = np.empty(batch, dtype=np.uint64)
+        self._store.sample(batch, beta, outputs, indexes, weights, generations)
+        result = {c.name: out for c, out in zip(self._columns, outputs)}
+        result["indexes"] = indexes
+        result["weights"] = weights
+        result["generations"] = generations
+        return result
+
+    def sample(self, batch_size: int) -> Dict[str, np.ndarray]:
+        """sample(batch_size) -> dict: uniform sample with replacement.
+
+        Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
+        (int64) and "generations" (uint64). Raises ValueError when the buffer is empty.
+        """
+        result = self._sample(self._check_batch(batch_size), 0.0)
+        del result["weights"]
+        return result
+
+    # -- whole buffer -------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Forget every row."""
+        self._store.clear()
+
+    def on_episode_end(self) -> None:
+        """Accepted for cpprb compatibility; episodes need no bookkeeping here."""
+
+    def get_all_transitions(self) -> Dict[str, np.ndarray]:
+        """Copies of every stored row, in slot order (rows torn by a crashed writer left out)."""
+        room = self.get_stored_size()
+        outputs = [np.empty((room,) + c.shape, dtype=c.dtype) for c in self._columns]
+        indexes = np.empty(room, dtype=np.int64)
+        leaves = np.empty(room, dtype=np.float64)
+        copied = self._store.snapshot(outputs, indexes, leaves)
+        return {c.name: out[:copied] for c, out in zip(self._columns, outputs)}
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmap this handle; the owner also frees the memory (views elsewhere keep working).
+
+        Idempotent. A view's close never frees the memory.
+        """
+        with self._close_lock:
+            if self._segment.closed:
+                return
+            self._store.release()
+            self._segment.close()
+            if self._finalizer is not None:
+                # Detach so a closed owner is not freed twice; free now in the owner only.
+                self._finalizer.detach()
+                if os.getpid() == self._owner_pid:
+                    _memory.unlink(self._segment.backend, self._segment.location)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """A prioritized replay buffer in one shared-memory segment, usable from many processes.
+
+    cpprb's ``PrioritizedReplayBuffer`` API: a cpprb user changes only the import. A row with
+    priority ``p`` weighs ``(p + eps) ** alpha``; new rows get the largest priority seen so far.
+
+    Parameters
+    ----------
+    size, env_dict, backend, name, path, seed
+        As for :class:`ReplayBuffer`.
+    alpha : float
+        Prioritization exponent, >= 0 (0 is uniform).
+    eps : float
+        Added to every priority, >= 0.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from cpprb_ray import PrioritizedReplayBuffer
+    >>> env = {"obs": {"shape": 4}, "act": {"dtype": np.int64}, "rew": {}, "done": {}}
+    >>> with PrioritizedReplayBuffer(1024, env, alpha=0.6, seed=1) as rb:
+    ...     first = rb.add(obs=np.zeros((8, 4)), act=np.arange(8), rew=np.ones(8), done=np.zeros(8))
+    ...     batch = rb.sample(4, beta=0.4)
+    ...     applied = rb.update_priorities(batch["indexes"], np.full(4, 2.0), batch["generations"])
+    ...     print(first, batch["obs"].shape, batch["weights"].dtype, applied, rb.get_max_priority())
+    0 (4, 4) float32 4 2.0
+    """
+
+    _prioritized = True
+
+    def __init__(self, size: int, env_dict: Mapping[str, Any], *, alpha: float = 0.6,
+                 eps: float = 1e-4, backend: str = "auto", name: Optional[str] = None,
+                 path: Optional[PathLike] = None, seed: Optional[int] = None) -> None:
+        alpha = _as_real(alpha, "alpha")
+        eps = _as_real(eps, "eps")
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0; got {alpha}")
+        if eps < 0:
+            raise ValueError(f"eps must be >= 0; got {eps}")
+        self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps)
+
+    def add(self, *, priorities: Any = None, **columns: Any) -> int:  # type: ignore[override]
+        """add(*, priorities=None, **columns) -> int: store rows; returns the first slot written.
+
+        Without `priorities`, new rows get the largest priority seen so far (1.0 at first).
+        Priorities must be finite and >= 0, one per row.
+        """
+        arrays, count = self._rows(columns)
+        if priorities is not None:
+            priorities = _as_priorities(priorities, count)
+        return int(self._store.add(arrays, count, priorities))
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> Dict[str, np.ndarray]:  # type: ignore[override]
+        """sample(batch_size, beta=0.4) -> dict: stratified proportional sample with replacement.
+
+        Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
+        (int64), "weights" (float32, ``(N P(i))**-beta / max_j (N P(j))**-beta``) and
+        "generations" (uint64, for :meth:`update_priorities`). Raises ValueError when empty.
+        """
+        batch = self._check_batch(batch_size)
+        beta = _as_real(beta, "beta")
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0; got {beta}")
+        return self._sample(batch, beta)
+
+    def update_priorities(self, indexes: Any, priorities: Any,
+                          generations: Any = None) -> int:
+        """update_priorities(indexes, priorities, generations=None) -> int: rows updated.
+
+        Every index must be below the stored size. With `generations` (from :meth:`sample`),
+        entries whose slot was overwritten since it was sampled are skipped.
+        """
+        index_array = np.asarray(indexes)
+        if index_array.dtype.kind not in "iu":
+            if not (index_array.size == 0 and index_array.dtype.kind == "f"):
+                raise TypeError(f"indexes must be integers; got dtype {index_array.dtype}")
+        if index_array.ndim > 1:
+            raise ValueError(f"indexes must be a scalar or 1-D; got shape {index_array.shape}")
+        index_array = np.ascontiguousarray(index_array.reshape(-1), dtype=np.int64)
+        count = index_array.shape[0]
+        stored = self.get_stored_size()
+        if count:
+            bad = (index_array < 0) | (index_array >= stored)
+            if bad.any():
+                position = int(np.flatnonzero(bad)[0])
+                raise IndexError(f"indexes must be in [0, stored size {stored}); got "
+                                 f"{int(index_array[position])} at position {position}")
+        priority_array = _as_priorities(priorities, count)
+        generation_array = None
+        if generations is not None:
+            generation_array = np.asarray(generations)
+            if generation_array.dtype.kind not in "iu" and generation_array.size:
+                raise TypeError(f"generations must be unsigned integers; got dtype "
+                                f"{generation_array.dtype}")
+            if generation_array.ndim > 1 or generation_array.size != count:
+                raise ValueError(f"generations must be 1-D with {count} entries (one per "
+                                 f"index); got shape {generation_array.shape}")
+            if generation_array.size and generation_array.dtype.kind == "i" and (
+                    generation_array < 0).any():
+                raise ValueError("generations must be >= 0")
+            generation_array = np.ascontiguousarray(generation_array.reshape(-1),
+                                                    dtype=np.uint64)
+        return int(self._store.update(index_array, priority_array, generation_array))
+
+    def get_max_priority(self) -> float:
+        """The largest raw priority seen (1.0 before any was given)."""
+        return float(self._store.max_priority)
+
+
+def _reattach(cls: type, backend: str, location: str) -> ReplayBuffer:
+    segment = _memory.attach(backend, location)
+    try:
+        header, layout = _layout.read(segment.memory, segment.size, location)
+        handle = cls.__new__(cls)
+        handle._bind(segment, layout, owner=False, seed=None)
+        return handle
+    except BaseException:
+        segment.close()
+        raise
+
+
+def attach(name_or_path: PathLike, *, seed: Optional[int] = None) -> ReplayBuffer:
+    """Open a view of an existing buffer of either kind from its name or path.
+
+    Examples
+    --------
+    >>> import cpprb_ray
+    >>> with cpprb_ray.ReplayBuffer(8, {"obs": {}}) as rb:
+    ...     view = cpprb_ray.attach(rb.name)
+    ...     print(type(view).__name__)
+    ...     view.close()
+    ReplayBuffer
+    """
+    return ReplayBuffer.attach(name_or_path, seed=seed)
