@@ -13,8 +13,9 @@ import numpy as np
 
 from cpprb_ray import _store
 
-DATA_ALIGN = 4096      # columns start on a page
-COLUMN_ALIGN = 64      # every column, the tree and generations start on a cache line
+DATA_ALIGN = 4096      # rows start on a page
+LINE = 64              # the tree starts on a cache line; records never straddle one needlessly
+GENERATION_BYTES = 8   # every record starts with its slot's uint64 generation
 RESERVED_KEYS = ("indexes", "weights", "generations", "priorities")
 
 
@@ -23,7 +24,7 @@ def _align(value: int, to: int) -> int:
 
 
 class Column:
-    """One env_dict entry: name, dtype, per-row shape, byte offset in the segment."""
+    """One env_dict entry: name, dtype, per-row shape, byte offset inside a row record."""
 
     __slots__ = ("name", "dtype", "shape", "row_bytes", "offset")
 
@@ -97,19 +98,31 @@ class Layout:
     """Where everything of a buffer lives in its segment."""
 
     def __init__(self, capacity: int, prioritized: bool, columns: List[Column], meta: Dict[str, Any],
-                 data_offset: int, tree_offset: int, generations_offset: int, total_size: int):
+                 data_offset: int, row_stride: int, tree_offset: int, total_size: int):
         self.capacity = capacity
         self.prioritized = prioritized
         self.columns = columns
         self.meta = meta
-        self.data_offset = data_offset
+        self.data_offset = data_offset       # where the row records start
+        self.row_stride = row_stride
         self.tree_offset = tree_offset
-        self.generations_offset = generations_offset
         self.total_size = total_size
 
     def to_json(self) -> bytes:
         return json.dumps({"columns": [c.to_json() for c in self.columns],
-                           "meta": self.meta}, sort_keys=True).encode()
+                           "row_stride": self.row_stride, "meta": self.meta},
+                          sort_keys=True).encode()
+
+
+def record_stride(record_bytes: int) -> int:
+    """Bytes per row record: a power of two up to a cache line, whole lines above, so that a
+    record never straddles more lines than it must (a sampled row costs one miss if it fits)."""
+    if record_bytes <= LINE:
+        stride = 8
+        while stride < record_bytes:
+            stride *= 2
+        return stride
+    return _align(record_bytes, LINE)
 
 
 def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str) -> Layout:
@@ -119,18 +132,21 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str) 
             "created": time.time()}
     # The JSON length fixes where data starts; offsets inside the JSON do not change its length
     # enough to matter because we reserve generously and re-check below.
-    draft = Layout(capacity, prioritized, columns, meta, 0, 0, 0, 0).to_json()
-    data_offset = _align(_store.LAYOUT_OFFSET + len(draft) + 64 * len(columns) + 256, DATA_ALIGN)
-    offset = data_offset
+    # Fields in env_dict order, each aligned to its item size (at most 8) after the generation.
+    offset = GENERATION_BYTES
     for column in columns:
+        alignment = min(column.dtype.alignment, 8)
+        offset = _align(offset, max(alignment, 1))
         column.offset = offset
-        offset = _align(offset + capacity * column.row_bytes, COLUMN_ALIGN)
-    tree_offset = offset
-    offset = _align(offset + _store.tree_nbytes(capacity), COLUMN_ALIGN)
-    generations_offset = offset
-    total_size = _align(offset + 8 * capacity, DATA_ALIGN)
-    layout = Layout(capacity, prioritized, columns, meta, data_offset, tree_offset,
-                    generations_offset, total_size)
+        offset += column.row_bytes
+    row_stride = record_stride(offset)
+    draft = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
+    # Offsets inside the JSON are already final, so its length is too.
+    data_offset = _align(_store.LAYOUT_OFFSET + len(draft), DATA_ALIGN)
+    tree_offset = _align(data_offset + capacity * row_stride, LINE)
+    total_size = _align(tree_offset + _store.tree_nbytes(capacity), DATA_ALIGN)
+    layout = Layout(capacity, prioritized, columns, meta, data_offset, row_stride, tree_offset,
+                    total_size)
     if _store.LAYOUT_OFFSET + len(layout.to_json()) > data_offset:  # pragma: no cover
         raise RuntimeError("layout JSON outgrew its reserved space")
     return layout
@@ -160,29 +176,38 @@ def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
         raise corrupt(location, "inconsistent header fields")
     try:
         document = json.loads(bytes(memory[header["layout_offset"]:layout_end]).decode())
-        columns = []
-        for entry in document["columns"]:
-            column = Column(str(entry["name"]), np.dtype(entry["dtype"]),
-                            tuple(int(d) for d in entry["shape"]), int(entry["offset"]))
+        entries = document["columns"]
+        # The same rules as for a user's env_dict: a crafted layout must not smuggle in an
+        # object dtype (a gather would copy raw pointers) or a non-positive dimension.
+        columns = parse_env_dict({str(entry["name"]): {"dtype": entry["dtype"],
+                                                      "shape": tuple(entry["shape"])}
+                                  for entry in entries})
+        if len(columns) != len(entries):
+            raise ValueError("duplicate column names")
+        for column, entry in zip(columns, entries):
+            column.offset = int(entry["offset"])
             if column.row_bytes != entry["row_bytes"]:
                 raise ValueError("row size mismatch")
-            columns.append(column)
         meta = dict(document["meta"])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
         raise corrupt(location, f"unreadable layout ({error})") from None
     if not columns:
         raise corrupt(location, "no columns")
     total = header["total_size"]
+    stride = header["row_stride"]
+    if stride < GENERATION_BYTES or stride % 8 or document.get("row_stride") != stride:
+        raise corrupt(location, f"bad row stride {stride}")
     for column in columns:
-        if column.offset < header["data_offset"] or column.offset + capacity * column.row_bytes > total:
-            raise corrupt(location, f"column {column.name!r} lies outside the segment")
+        if column.offset < GENERATION_BYTES or column.offset + column.row_bytes > stride:
+            raise corrupt(location, f"column {column.name!r} lies outside its row record")
+    rows_end = header["rows_offset"] + capacity * stride
+    if header["rows_offset"] < header["data_offset"] or header["rows_offset"] % 8 or rows_end > total:
+        raise corrupt(location, "rows lie outside the segment")
     tree_end = header["tree_offset"] + _store.tree_nbytes(capacity)
-    if header["tree_offset"] % 8 or tree_end > total:
+    if header["tree_offset"] % 8 or header["tree_offset"] < rows_end or tree_end > total:
         raise corrupt(location, "tree lies outside the segment")
-    if header["generations_offset"] % 8 or header["generations_offset"] + 8 * capacity > total:
-        raise corrupt(location, "generations lie outside the segment")
     if header["next_index"] >= capacity or header["stored_size"] > capacity:
         raise corrupt(location, "ring indices out of range")
-    layout = Layout(capacity, bool(header["prioritized"]), columns, meta, header["data_offset"],
-                    header["tree_offset"], header["generations_offset"], total)
+    layout = Layout(capacity, bool(header["prioritized"]), columns, meta, header["rows_offset"],
+                    stride, header["tree_offset"], total)
     return header, layout

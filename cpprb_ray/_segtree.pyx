@@ -85,9 +85,14 @@ cdef inline void recompute_node(TreeView* view, int level, int64_t node) noexcep
     cdef int64_t first = view.offsets[level - 1] + (node << FANOUT_BITS)
     cdef const double* s = view.sums + first
     cdef const double* m = view.mins + first
-    cdef double total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
-    cdef double low = m[0]
+    # Summed left to right, exactly as tree_search accumulates its prefix sums: the last prefix
+    # then equals the node bit for bit, so a mass >= the node always takes the "past the end"
+    # branch (last positive child) instead of stopping early through rounding.
+    cdef double total = s[0]
     cdef int c
+    for c in range(1, FANOUT):
+        total += s[c]
+    cdef double low = m[0]
     for c in range(1, FANOUT):
         if m[c] < low:
             low = m[c]
@@ -375,7 +380,7 @@ cdef class SegmentTree:
         --------
         >>> from cpprb_ray._segtree import SegmentTree
         >>> SegmentTree.nbytes(1), SegmentTree.nbytes(8), SegmentTree.nbytes(9)
-        (128, 256, 384)
+        (128, 256, 512)
         """
         return 2 * 8 * tree_doubles(_check_capacity(capacity), NULL)
 
@@ -391,17 +396,18 @@ cdef class SegmentTree:
             raise RuntimeError("SegmentTree is already initialized")
         try:
             PyObject_GetBuffer(memory, &self._buffer, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
-        except (BufferError, TypeError) as error:
+        except (BufferError, TypeError, ValueError) as error:  # numpy raises ValueError
             raise TypeError(
                 f"memory must be a writable contiguous buffer; got {type(memory).__name__}"
             ) from error
         self._has_buffer = True
         needed = offset + SegmentTree.nbytes(checked)
-        if self._buffer.len < needed:
+        available = self._buffer.len
+        if available < needed:
             self.release()
             raise ValueError(
                 f"memory must hold at least {needed} bytes for capacity {checked} at offset "
-                f"{offset}; got {len(memoryview(memory).cast('B'))}"
+                f"{offset}; got {available}"
             )
         cdef char* start = <char*>self._buffer.buf + offset
         if (<uintptr_t>start) % 8:

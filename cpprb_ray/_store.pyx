@@ -7,9 +7,15 @@ A segment looks like this (offsets in bytes; the layout JSON describes the colum
     256   robust process-shared mutex (_sync)
     512   layout JSON (utf-8, `layout_length` bytes)
     data_offset, 4096-aligned:
-          columns, one C-contiguous `capacity x row_bytes` block each, 64-aligned
-          tree (sum levels, min levels; _segtree)
-          generations: uint64 per slot
+          rows: `capacity` records of `row_stride` bytes: the slot's uint64 generation, then
+                one field per column (the layout JSON gives each one's offset in the record)
+          tree (sum levels, min levels; _segtree), 64-aligned
+
+Rows are stored as records, not one array per column: a sampled row is then one cache line
+(and one TLB entry) instead of one per column plus one for its generation. Sampling 256 random
+rows of a 2**22-row buffer is bound by those misses, so this is what keeps its cost close to
+that of a small buffer. The stride is a power of two up to 64 bytes (a record never straddles
+two cache lines) and a multiple of 64 above.
 
 Crash safety. Each operation records what it is doing in the header (`op`, and for an add the
 slot range it is writing plus the sizes to roll back to) before touching anything, and clears it
@@ -23,9 +29,10 @@ written or was torn; a commit moves it to the next even number, so a priority up
 the generation it sampled is dropped once the slot was overwritten.
 """
 
+cimport cython
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE,
                              PyBuffer_Release, PyObject_GetBuffer)
-from libc.math cimport INFINITY, floor, pow
+from libc.math cimport INFINITY, floor, pow, powf
 from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
@@ -38,6 +45,8 @@ from cpprb_ray._sync cimport (LOCKED_OWNER_DIED, MUTEX_BYTES, mutex_consistent, 
 
 import numpy as np
 
+_ndarray = np.ndarray
+
 from cpprb_ray._segtree import _seed_from
 
 cdef extern from *:
@@ -45,6 +54,20 @@ cdef extern from *:
     #define CPPRB_RAY_MAGIC "CPPRBRAY"
     """
     const char* CPPRB_RAY_MAGIC
+
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define CPPRB_RAY_PREFETCH(address) __builtin_prefetch((address), 0, 1)
+    #else
+    #define CPPRB_RAY_PREFETCH(address) ((void)(address))
+    #endif
+    """
+    void prefetch "CPPRB_RAY_PREFETCH"(const void* address) noexcept nogil
+
+cdef enum:
+    GATHER_AHEAD = 8
 
 
 cdef struct Header:
@@ -68,10 +91,11 @@ cdef struct Header:
     uint64_t layout_length
     uint64_t data_offset
     uint64_t tree_offset
-    uint64_t generations_offset
+    uint64_t rows_offset
     uint64_t rows_added          # rows ever committed
     uint64_t repairs             # times a dead holder's work was repaired
     uint64_t created_ns
+    uint64_t row_stride
 
 
 cdef enum:
@@ -105,7 +129,7 @@ _HEADER_FIELDS = (
     "version", "total_size", "capacity", "prioritized", "alpha", "eps", "next_index",
     "stored_size", "max_priority", "op", "pending_start", "pending_count", "pending_old_next",
     "pending_old_stored", "owner_pid", "layout_offset", "layout_length", "data_offset",
-    "tree_offset", "generations_offset", "rows_added", "repairs", "created_ns",
+    "tree_offset", "rows_offset", "rows_added", "repairs", "created_ns", "row_stride",
 )
 
 
@@ -138,8 +162,9 @@ def read_header(memory):
             "pending_old_stored": header.pending_old_stored, "owner_pid": header.owner_pid,
             "layout_offset": header.layout_offset, "layout_length": header.layout_length,
             "data_offset": header.data_offset, "tree_offset": header.tree_offset,
-            "generations_offset": header.generations_offset, "rows_added": header.rows_added,
+            "rows_offset": header.rows_offset, "rows_added": header.rows_added,
             "repairs": header.repairs, "created_ns": header.created_ns,
+            "row_stride": header.row_stride,
         })
         return fields
     finally:
@@ -147,7 +172,8 @@ def read_header(memory):
 
 
 def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps, owner_pid,
-                       layout_json, data_offset, tree_offset, generations_offset, created_ns):
+                       layout_json, data_offset, tree_offset, rows_offset, row_stride,
+                       created_ns):
     """Lay a new header, mutex, layout and empty tree in zeroed `memory`.
 
     The magic is written last, so an attacher that sees it finds everything else in place.
@@ -175,7 +201,8 @@ def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps,
         header.layout_length = len(layout_json)
         header.data_offset = data_offset
         header.tree_offset = tree_offset
-        header.generations_offset = generations_offset
+        header.rows_offset = rows_offset
+        header.row_stride = row_stride
         header.rows_added = 0
         header.repairs = 0
         header.created_ns = created_ns
@@ -205,6 +232,7 @@ cdef inline void copy_row(uint8_t* dst, const uint8_t* src, int64_t row_bytes) n
         memcpy(dst, src, <size_t>row_bytes)
 
 
+@cython.final
 cdef class ReplayStore:
     """Kernels over one mapped segment. Built by :mod:`cpprb_ray.buffer`, not by users."""
 
@@ -215,20 +243,29 @@ cdef class ReplayStore:
     cdef Header* header
     cdef pthread_mutex_t* mutex
     cdef TreeView tree
-    cdef uint64_t* generations
+    cdef uint8_t* rows
+    cdef int64_t stride
     cdef int64_t capacity
     cdef int column_count
-    cdef uint8_t** columns
+    cdef int64_t* columns         # offset of each column's field inside a row record
     cdef int64_t* row_bytes
     cdef Xoshiro256 rng
     cdef readonly bint prioritized
+    # For the fast add path: what each column accepts without numpy's help.
+    cdef list column_dtypes
+    cdef list column_shapes
+    cdef char* column_kinds
+    cdef int64_t* column_itemsizes
 
     def __cinit__(self):
         self._has_buffer = False
         self.columns = NULL
         self.row_bytes = NULL
+        self.column_kinds = NULL
+        self.column_itemsizes = NULL
 
-    def __init__(self, memory, column_offsets, column_row_bytes, seed=None):
+    def __init__(self, memory, column_offsets, column_row_bytes, seed=None, column_dtypes=None,
+                 column_shapes=None):
         cdef int c
         PyObject_GetBuffer(memory, &self._buffer, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
         self._has_buffer = True
@@ -239,20 +276,37 @@ cdef class ReplayStore:
         self.capacity = self.header.capacity
         self.prioritized = self.header.prioritized != 0
         tree_bind(&self.tree, <double*>(self.base + self.header.tree_offset), self.capacity)
-        self.generations = <uint64_t*>(self.base + self.header.generations_offset)
+        self.rows = self.base + self.header.rows_offset
+        self.stride = self.header.row_stride
         self.column_count = len(column_offsets)
-        self.columns = <uint8_t**>malloc(max(1, self.column_count) * sizeof(uint8_t*))
+        self.columns = <int64_t*>malloc(max(1, self.column_count) * sizeof(int64_t))
         self.row_bytes = <int64_t*>malloc(max(1, self.column_count) * sizeof(int64_t))
         if self.columns == NULL or self.row_bytes == NULL:
             raise MemoryError()
+        self.column_kinds = <char*>malloc(max(1, self.column_count) * sizeof(char))
+        self.column_itemsizes = <int64_t*>malloc(max(1, self.column_count) * sizeof(int64_t))
+        if self.column_kinds == NULL or self.column_itemsizes == NULL:
+            raise MemoryError()
+        self.column_dtypes = list(column_dtypes or [])
+        self.column_shapes = [tuple(shape) for shape in (column_shapes or [])]
         for c in range(self.column_count):
-            self.columns[c] = self.base + <int64_t>column_offsets[c]
+            self.columns[c] = column_offsets[c]
             self.row_bytes[c] = column_row_bytes[c]
+            if c < len(self.column_dtypes):
+                dtype = self.column_dtypes[c]
+                native = dtype.isnative and dtype.kind in "biuf"
+                self.column_kinds[c] = ord(dtype.kind) if native else 0
+                self.column_itemsizes[c] = dtype.itemsize
+            else:
+                self.column_kinds[c] = 0
+                self.column_itemsizes[c] = 0
         rng_seed(&self.rng, _seed_from(seed))
 
     def __dealloc__(self):
         free(self.columns)
         free(self.row_bytes)
+        free(self.column_kinds)
+        free(self.column_itemsizes)
         if self._has_buffer:
             PyBuffer_Release(&self._buffer)
 
@@ -322,7 +376,7 @@ cdef class ReplayStore:
                 slot = (h.pending_start + k) % <uint64_t>self.capacity
                 self.tree.sums[slot] = 0.0
                 self.tree.mins[slot] = INFINITY
-                self.generations[slot] |= 1
+                self.generation(slot)[0] |= 1
             h.next_index = h.pending_old_next
             h.stored_size = h.pending_old_stored
         elif h.op == OP_CLEAR:
@@ -334,8 +388,10 @@ cdef class ReplayStore:
     cdef void clear_locked(self) noexcept nogil:
         cdef int64_t slot
         self.header.op = OP_CLEAR
+        cdef uint64_t* generation
         for slot in range(self.capacity):
-            self.generations[slot] = (self.generations[slot] | 1) + 1
+            generation = self.generation(slot)
+            generation[0] = (generation[0] | 1) + 1
         tree_clear_all(&self.tree)
         self.header.next_index = 0
         self.header.stored_size = 0
@@ -354,24 +410,24 @@ cdef class ReplayStore:
         cdef int64_t first_part = min(written, capacity - start)
         cdef int64_t k, slot, c, rb
         cdef double weight, priority, max_priority = h.max_priority
+        cdef uint8_t* row
+        cdef uint64_t* generation
         # 1. Say what we are about to do, so a repairer can undo it.
         h.pending_start = start
         h.pending_count = written
         h.pending_old_next = h.next_index
         h.pending_old_stored = h.stored_size
         h.op = OP_ADD
-        # 2. Copy the rows (at most two contiguous runs around the ring's end).
-        for c in range(self.column_count):
-            rb = self.row_bytes[c]
-            memcpy(self.columns[c] + start * rb, sources[c] + skipped * rb,
-                   <size_t>(first_part * rb))
-            if written > first_part:
-                memcpy(self.columns[c], sources[c] + (skipped + first_part) * rb,
-                       <size_t>((written - first_part) * rb))
-        # 3. Priorities into the leaves, generations to the next even number.
+        # 2. Copy each row into its record, move its generation to the next even number and
+        #    its priority into the leaf.
         for k in range(written):
             slot = (start + k) % capacity
-            self.generations[slot] = (self.generations[slot] | 1) + 1
+            row = self.rows + slot * self.stride
+            generation = <uint64_t*>row
+            generation[0] = (generation[0] | 1) + 1
+            for c in range(self.column_count):
+                rb = self.row_bytes[c]
+                copy_row(row + self.columns[c], sources[c] + (skipped + k) * rb, rb)
             if self.prioritized:
                 priority = max_priority if priorities == NULL else priorities[skipped + k]
                 weight = leaf_weight(priority, h.alpha, h.eps)
@@ -385,7 +441,7 @@ cdef class ReplayStore:
                     if priorities[k] > max_priority:
                         max_priority = priorities[k]
                 h.max_priority = max_priority
-        # 4. Commit.
+        # 3. Commit.
         h.stored_size = min(<int64_t>h.stored_size + written, capacity)
         h.next_index = (start + written) % capacity
         h.rows_added += count
@@ -447,6 +503,104 @@ cdef class ReplayStore:
             free(views)
             free(pointers)
 
+    cdef int stage_scalar(self, int c, object value, uint8_t* slot) except -1:
+        """Write a Python scalar as column c's one-element row; 0 if numpy's rules are needed."""
+        cdef char kind = self.column_kinds[c]
+        cdef int64_t size = self.column_itemsizes[c]
+        cdef type value_type = type(value)
+        try:
+            if kind == b"f" and (value_type is float or value_type is int or value_type is bool):
+                if size == 8:
+                    (<double*>slot)[0] = <double>value
+                    return 1
+                if size == 4:
+                    (<float*>slot)[0] = <float><double>value
+                    return 1
+            elif kind == b"i" and (value_type is int or value_type is bool):
+                if size == 8:
+                    (<int64_t*>slot)[0] = <int64_t>value
+                    return 1
+            elif kind == b"b" and value_type is bool:
+                slot[0] = 1 if value else 0
+                return 1
+        except OverflowError:
+            return 0
+        return 0
+
+    def try_add(self, values):
+        """add() without numpy: values already of the column dtype (ndarrays, C-contiguous, of the
+        row or batch shape) or Python scalars for one-element columns. Returns the first slot
+        written, or None when any value needs the general (validating, casting) path; nothing
+        is written then."""
+        self._check()
+        cdef int n = self.column_count
+        cdef Py_buffer* views = <Py_buffer*>malloc(n * sizeof(Py_buffer))
+        cdef const uint8_t** pointers = <const uint8_t**>malloc(n * sizeof(uint8_t*))
+        cdef uint8_t* staging = <uint8_t*>malloc(n * 8)
+        cdef char* acquired = <char*>malloc(n)
+        cdef int c, status
+        cdef int64_t count = -1, rows, first = 0
+        cdef tuple shape, column_shape
+        if views == NULL or pointers == NULL or staging == NULL or acquired == NULL:
+            free(views)
+            free(pointers)
+            free(staging)
+            free(acquired)
+            raise MemoryError()
+        memset(acquired, 0, n)
+        try:
+            for c in range(n):
+                value = values[c]
+                if type(value) is _ndarray:
+                    if value.dtype is not self.column_dtypes[c]:
+                        if value.dtype != self.column_dtypes[c]:
+                            return None
+                    shape = value.shape
+                    column_shape = self.column_shapes[c]
+                    if shape == column_shape:
+                        rows = 1
+                    elif len(shape) == len(column_shape) + 1 and shape[1:] == column_shape:
+                        rows = shape[0]
+                    elif column_shape == (1,) and len(shape) <= 1:
+                        # cpprb lets one-element columns drop their last axis.
+                        rows = shape[0] if len(shape) == 1 else 1
+                    else:
+                        return None
+                    try:
+                        PyObject_GetBuffer(value, &views[c], PyBUF_C_CONTIGUOUS)
+                    except (BufferError, ValueError):  # numpy: "not C-contiguous"
+                        return None
+                    acquired[c] = 1
+                    pointers[c] = <const uint8_t*>views[c].buf
+                elif self.row_bytes[c] == self.column_itemsizes[c] and self.stage_scalar(
+                        c, value, staging + 8 * c):
+                    rows = 1
+                    pointers[c] = staging + 8 * c
+                else:
+                    return None
+                if count < 0:
+                    count = rows
+                elif rows != count:
+                    return None
+            if count <= 0:
+                return None
+            with nogil:
+                status = self.lock()
+                if status == 0:
+                    first = self.add_locked(pointers, count, NULL)
+                    self.unlock()
+            if status:
+                raise OSError(-status, "locking the buffer failed")
+            return first
+        finally:
+            for c in range(n):
+                if acquired[c]:
+                    PyBuffer_Release(&views[c])
+            free(views)
+            free(pointers)
+            free(staging)
+            free(acquired)
+
     # -- sample -----------------------------------------------------------------------------------
 
     cdef int64_t sample_locked(self, int64_t batch, double beta, double* scratch,
@@ -454,7 +608,7 @@ cdef class ReplayStore:
                                uint8_t** outputs) noexcept nogil:
         cdef Header* h = self.header
         cdef int64_t k, c, rb, index, stored = h.stored_size, tries
-        cdef double lowest, total
+        cdef double lowest, total, inverse_lowest
         cdef uint8_t* dst
         cdef const uint8_t* src
         if stored == 0:
@@ -465,38 +619,59 @@ cdef class ReplayStore:
                 return ERR_EMPTY
             tree_sample(&self.tree, &self.rng, scratch, indexes, batch)
             lowest = tree_min(&self.tree)
+            # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta. The weights are
+            # float32, so float32 powf (about 1e-7 relative) is exact enough and much cheaper.
+            inverse_lowest = 1.0 / lowest
             for k in range(batch):
-                # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta
-                weights[k] = <float>(1.0 if beta == 0.0 else
-                                     pow(self.tree.sums[indexes[k]] / lowest, -beta))
+                weights[k] = 1.0 if beta == 0.0 else powf(
+                    <float>(self.tree.sums[indexes[k]] * inverse_lowest), <float>-beta)
         else:
             for k in range(batch):
                 # Skip a slot torn by a writer's death (odd generation); bounded retries, then
                 # a scan, so a buffer of only torn rows is reported empty instead of looping.
                 index = <int64_t>floor(rng_uniform(&self.rng) * stored)
                 tries = 0
-                while self.generations[index] & 1:
+                while self.generation(index)[0] & 1:
                     tries += 1
                     if tries < 64:
                         index = <int64_t>floor(rng_uniform(&self.rng) * stored)
                     else:
                         index = 0
-                        while index < stored and self.generations[index] & 1:
+                        while index < stored and self.generation(index)[0] & 1:
                             index += 1
                         if index == stored:
                             return ERR_EMPTY
                         break
                 indexes[k] = index
                 weights[k] = 1.0
-        for k in range(batch):
-            generations[k] = self.generations[indexes[k]]
-        for c in range(self.column_count):
-            rb = self.row_bytes[c]
-            dst = outputs[c]
-            src = self.columns[c]
-            for k in range(batch):
-                copy_row(dst + k * rb, src + indexes[k] * rb, rb)
+        self.gather_locked(batch, indexes, generations, outputs)
         return batch
+
+    cdef void gather_locked(self, int64_t batch, const int64_t* indexes, uint64_t* generations,
+                            uint8_t** outputs) noexcept nogil:
+        """Copy the sampled rows out, asking GATHER_AHEAD rows ahead for their record so that
+        the cache misses of a big buffer overlap."""
+        cdef int64_t k, c, rb
+        cdef const uint8_t* row
+        for k in range(min(batch, GATHER_AHEAD)):
+            self.prefetch_row(indexes[k])
+        for k in range(batch):
+            if k + GATHER_AHEAD < batch:
+                self.prefetch_row(indexes[k + GATHER_AHEAD])
+            row = self.rows + indexes[k] * self.stride
+            generations[k] = (<const uint64_t*>row)[0]
+            for c in range(self.column_count):
+                rb = self.row_bytes[c]
+                copy_row(outputs[c] + k * rb, row + self.columns[c], rb)
+
+    cdef inline void prefetch_row(self, int64_t index) noexcept nogil:
+        cdef const uint8_t* row = self.rows + index * self.stride
+        cdef int64_t line
+        for line in range(0, self.stride, 64):
+            prefetch(row + line)
+
+    cdef inline uint64_t* generation(self, int64_t slot) noexcept nogil:
+        return <uint64_t*>(self.rows + slot * self.stride)
 
     def sample(self, int64_t batch, double beta, outputs, indexes, weights, generations):
         """Fill the given fresh arrays with a sample of `batch` rows. Raises ValueError if empty."""
@@ -547,9 +722,9 @@ cdef class ReplayStore:
         h.op = OP_UPDATE
         for k in range(count):
             index = indexes[k]
-            if index >= stored or self.generations[index] & 1:
+            if index >= stored or self.generation(index)[0] & 1:
                 continue          # cleared since validation, or torn by a dead writer
-            if generations != NULL and self.generations[index] != generations[k]:
+            if generations != NULL and self.generation(index)[0] != generations[k]:
                 continue          # overwritten since it was sampled
             weight = leaf_weight(priorities[k], h.alpha, h.eps)
             self.tree.sums[index] = weight
@@ -631,11 +806,12 @@ cdef class ReplayStore:
                 status = self.lock()
                 if status == 0:
                     for slot in range(min(room, <int64_t>self.header.stored_size)):
-                        if self.generations[slot] & 1:
+                        if self.generation(slot)[0] & 1:
                             continue
                         for c in range(self.column_count):
                             rb = self.row_bytes[c]
-                            copy_row(pointers[c] + copied * rb, self.columns[c] + slot * rb, rb)
+                            copy_row(pointers[c] + copied * rb,
+                                     self.rows + slot * self.stride + self.columns[c], rb)
                         (<int64_t*>pointers[count - 2])[copied] = slot
                         (<double*>pointers[count - 1])[copied] = self.tree.sums[slot]
                         copied += 1
@@ -671,6 +847,6 @@ cdef class ReplayStore:
     def generations_of(self, indexes):
         """Current generation of each slot (uint64), for tests and diagnostics."""
         self._check()
-        gens = np.frombuffer(self._memory, dtype=np.uint64, count=self.capacity,
-                             offset=self.header.generations_offset)
+        gens = np.ndarray((self.capacity,), dtype=np.uint64, buffer=self._memory,
+                          offset=self.header.rows_offset, strides=(self.stride,))
         return gens[np.asarray(indexes, dtype=np.int64)].copy()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 import weakref
 from typing import Any, Dict, Mapping, Optional, Union
 
@@ -115,8 +116,8 @@ class ReplayBuffer:
         backend = _memory.resolve_backend(backend)
         if path is not None and backend != "mmap":
             raise ValueError("path= needs backend='mmap'")
-        if seed is not None:
-            _as_count(seed, "seed")
+        if seed is not None and _as_count(seed, "seed") < 0:
+            raise ValueError(f"seed must be >= 0; got {seed}")
         layout = _layout.plan(capacity, columns, self._prioritized, backend)
         segment = _memory.create(backend, layout.total_size, name=name, path=path)
         try:
@@ -124,13 +125,16 @@ class ReplayBuffer:
                 segment.memory, total_size=layout.total_size, capacity=capacity,
                 prioritized=self._prioritized, alpha=alpha, eps=eps, owner_pid=os.getpid(),
                 layout_json=layout.to_json(), data_offset=layout.data_offset,
-                tree_offset=layout.tree_offset, generations_offset=layout.generations_offset,
-                created_ns=0)
+                tree_offset=layout.tree_offset, rows_offset=layout.data_offset,
+                row_stride=layout.row_stride, created_ns=time.time_ns())
+            self._bind(segment, layout, owner=True, seed=seed)
         except BaseException:
+            store = getattr(self, "_store", None)
+            if store is not None:
+                store.release()
             segment.close()
             _memory.unlink(segment.backend, segment.location)
             raise
-        self._bind(segment, layout, owner=True, seed=seed)
 
     def _bind(self, segment: _memory.Segment, layout: _layout.Layout, *, owner: bool,
               seed: Optional[int]) -> None:
@@ -139,7 +143,10 @@ class ReplayBuffer:
         self._columns = layout.columns
         self._column_names = frozenset(c.name for c in layout.columns)
         self._store = _store.ReplayStore(segment.memory, [c.offset for c in layout.columns],
-                                         [c.row_bytes for c in layout.columns], seed)
+                                         [c.row_bytes for c in layout.columns], seed,
+                                         [c.dtype for c in layout.columns],
+                                         [c.shape for c in layout.columns])
+        self._column_order = tuple(c.name for c in layout.columns)
         self._owner = owner
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
@@ -276,8 +283,21 @@ class ReplayBuffer:
         the batch axis. Values are cast to the column dtype where numpy's same_kind casting
         allows, else TypeError. When full, the oldest rows are overwritten.
         """
+        first = self._try_add(columns)
+        if first is not None:
+            return first
         arrays, count = self._rows(columns)
         return int(self._store.add(arrays, count))
+
+    def _try_add(self, columns: Dict[str, Any]) -> Optional[int]:
+        """The fast path for values that need no numpy conversion (see ReplayStore.try_add)."""
+        if len(columns) != len(self._column_order):
+            return None
+        try:
+            values = [columns[name] for name in self._column_order]
+        except KeyError:
+            return None
+        return self._store.try_add(values)
 
     # -- sample -------------------------------------------------------------------------------
 
@@ -399,6 +419,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Without `priorities`, new rows get the largest priority seen so far (1.0 at first).
         Priorities must be finite and >= 0, one per row.
         """
+        if priorities is None:
+            first = self._try_add(columns)
+            if first is not None:
+                return first
         arrays, count = self._rows(columns)
         if priorities is not None:
             priorities = _as_priorities(priorities, count)
