@@ -85,7 +85,7 @@ def parse_env_dict(env_dict: Mapping[str, Any]) -> List[Column]:
 
 
 def process_start_time(pid: int) -> Optional[int]:
-    """The start time of `pid` in clock ticks (from /proc), to tell a live owner from a reused pid."""
+    """Start time of `pid` in clock ticks (/proc), to tell a live owner from a reused pid."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
@@ -97,8 +97,9 @@ def process_start_time(pid: int) -> Optional[int]:
 class Layout:
     """Where everything of a buffer lives in its segment."""
 
-    def __init__(self, capacity: int, prioritized: bool, columns: List[Column], meta: Dict[str, Any],
-                 data_offset: int, row_stride: int, tree_offset: int, total_size: int):
+    def __init__(self, capacity: int, prioritized: bool, columns: List[Column],
+                 meta: Dict[str, Any], data_offset: int, row_stride: int, tree_offset: int,
+                 total_size: int):
         self.capacity = capacity
         self.prioritized = prioritized
         self.columns = columns
@@ -201,7 +202,8 @@ def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
         if column.offset < GENERATION_BYTES or column.offset + column.row_bytes > stride:
             raise corrupt(location, f"column {column.name!r} lies outside its row record")
     rows_end = header["rows_offset"] + capacity * stride
-    if header["rows_offset"] < header["data_offset"] or header["rows_offset"] % 8 or rows_end > total:
+    rows_offset = header["rows_offset"]
+    if rows_offset < header["data_offset"] or rows_offset % 8 or rows_end > total:
         raise corrupt(location, "rows lie outside the segment")
     tree_end = header["tree_offset"] + _store.tree_nbytes(capacity)
     if header["tree_offset"] % 8 or header["tree_offset"] < rows_end or tree_end > total:

@@ -22,10 +22,10 @@ import mmap
 import os
 import secrets
 import tempfile
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 try:  # CPython >= 3.8 on POSIX
-    import _posixshmem  # type: ignore[import-not-found]
+    import _posixshmem
 except ImportError:  # pragma: no cover - exercised by the Python 3.7 leg
     _posixshmem = None
 
@@ -123,7 +123,7 @@ def create(backend: str, size: int, name: Optional[str] = None,
     return Segment(backend, location, size, memory)
 
 
-def locate(name_or_path: str) -> tuple:
+def locate(name_or_path: Union[str, os.PathLike[str]]) -> Tuple[str, str]:
     """(backend, location) for a name given to attach: a path means "mmap", a name "shm"."""
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"name_or_path must be a str or path; got {type(name_or_path).__name__}")

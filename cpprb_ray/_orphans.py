@@ -13,6 +13,7 @@ from typing import Any, Dict, List
 
 from cpprb_ray import _layout, _memory, _store
 
+
 def _candidate_files() -> List[str]:
     directories = {_memory.default_mmap_dir(), _memory.SHM_DIR}
     files = []

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
@@ -119,7 +119,8 @@ class ReplayBuffer:
         if seed is not None and _as_count(seed, "seed") < 0:
             raise ValueError(f"seed must be >= 0; got {seed}")
         layout = _layout.plan(capacity, columns, self._prioritized, backend)
-        segment = _memory.create(backend, layout.total_size, name=name, path=path)
+        segment = _memory.create(backend, layout.total_size, name=name,
+                                 path=None if path is None else os.fspath(path))
         try:
             _store.initialize_segment(
                 segment.memory, total_size=layout.total_size, capacity=capacity,
@@ -175,8 +176,9 @@ class ReplayBuffer:
         try:
             header, layout = _layout.read(segment.memory, segment.size, location)
             if layout.prioritized != cls._prioritized and cls is not ReplayBuffer:
-                raise ValueError(f"{location!r} is a {'prioritized' if layout.prioritized else 'uniform'} "
-                                 f"buffer; attach it with cpprb_ray.attach()")
+                kind = "prioritized" if layout.prioritized else "uniform"
+                raise ValueError(f"{location!r} is a {kind} buffer; attach it with "
+                                 f"cpprb_ray.attach()")
             target = PrioritizedReplayBuffer if layout.prioritized else ReplayBuffer
             if not issubclass(target, cls):
                 target = cls
@@ -413,7 +415,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"eps must be >= 0; got {eps}")
         self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps)
 
-    def add(self, *, priorities: Any = None, **columns: Any) -> int:  # type: ignore[override]
+    def add(self, *, priorities: Any = None, **columns: Any) -> int:
         """add(*, priorities=None, **columns) -> int: store rows; returns the first slot written.
 
         Without `priorities`, new rows get the largest priority seen so far (1.0 at first).
@@ -428,7 +430,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             priorities = _as_priorities(priorities, count)
         return int(self._store.add(arrays, count, priorities))
 
-    def sample(self, batch_size: int, beta: float = 0.4) -> Dict[str, np.ndarray]:  # type: ignore[override]
+    def sample(self, batch_size: int, beta: float = 0.4) -> Dict[str, np.ndarray]:
         """sample(batch_size, beta=0.4) -> dict: stratified proportional sample with replacement.
 
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
@@ -485,7 +487,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return float(self._store.max_priority)
 
 
-def _reattach(cls: type, backend: str, location: str) -> ReplayBuffer:
+def _reattach(cls: Type[ReplayBuffer], backend: str, location: str) -> ReplayBuffer:
     segment = _memory.attach(backend, location)
     try:
         header, layout = _layout.read(segment.memory, segment.size, location)
