@@ -32,6 +32,7 @@ the generation it sampled is dropped once the slot was overwritten.
 cimport cython
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE,
                              PyBuffer_Release, PyObject_GetBuffer)
+from libc.float cimport DBL_MAX
 from libc.math cimport INFINITY, floor, pow, powf
 from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
@@ -42,6 +43,8 @@ from cpprb_ray._segtree cimport (TreeView, Xoshiro256, rng_seed, rng_uniform, tr
                                  tree_refresh, tree_refresh_range, tree_sample, tree_total)
 from cpprb_ray._sync cimport (LOCKED_OWNER_DIED, MUTEX_BYTES, mutex_consistent, mutex_init,
                               mutex_lock, mutex_unlock, pthread_mutex_t)
+
+from time import sleep as _sleep
 
 import numpy as np
 
@@ -216,6 +219,35 @@ def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps,
         PyBuffer_Release(&view)
 
 
+cdef int64_t first_out_of_range(const int64_t* values, int64_t count,
+                                int64_t limit) noexcept nogil:
+    cdef int64_t k
+    for k in range(count):
+        if values[k] < 0 or values[k] >= limit:
+            return k
+    return -1
+
+
+cdef int64_t first_not_priority(const double* values, int64_t count) noexcept nogil:
+    """Position of the first value that is not finite and >= 0 (NaN fails both tests), or -1."""
+    cdef int64_t k
+    for k in range(count):
+        if not (values[k] >= 0.0 and values[k] <= DBL_MAX):
+            return k
+    return -1
+
+
+def check_priorities(priorities, str name="priorities"):
+    """Raise ValueError naming `name` unless every float64 value is finite and >= 0."""
+    cdef const double[::1] view = priorities
+    cdef int64_t bad = -1
+    if view.shape[0]:
+        with nogil:
+            bad = first_not_priority(&view[0], view.shape[0])
+    if bad >= 0:
+        raise ValueError(f"{name} must be finite and >= 0; got {view[bad]} at position {bad}")
+
+
 cdef inline double leaf_weight(double priority, double alpha, double eps) noexcept nogil:
     return pow(priority + eps, alpha)
 
@@ -251,6 +283,8 @@ cdef class ReplayStore:
     cdef int64_t* row_bytes
     cdef Xoshiro256 rng
     cdef readonly bint prioritized
+    cdef int active               # threads of this process inside a kernel on this store
+    cdef bint closing
     # For the fast add path: what each column accepts without numpy's help.
     cdef list column_dtypes
     cdef list column_shapes
@@ -259,6 +293,8 @@ cdef class ReplayStore:
 
     def __cinit__(self):
         self._has_buffer = False
+        self.active = 0
+        self.closing = False
         self.columns = NULL
         self.row_bytes = NULL
         self.column_kinds = NULL
@@ -311,7 +347,14 @@ cdef class ReplayStore:
             PyBuffer_Release(&self._buffer)
 
     def release(self):
-        """Drop the buffer export so the mapping can be closed. Later calls raise ValueError."""
+        """Drop the buffer export so the mapping can be closed. Later calls raise ValueError.
+
+        Waits for threads of this process that are inside a kernel on this store to leave it:
+        unmapping under them would crash them.
+        """
+        self.closing = True
+        while self.active > 0:
+            _sleep(0.0002)   # releases the GIL, which they need to leave
         if self._has_buffer:
             PyBuffer_Release(&self._buffer)
             self._has_buffer = False
@@ -319,9 +362,18 @@ cdef class ReplayStore:
         self.base = NULL
 
     cdef int _check(self) except -1:
-        if not self._has_buffer:
+        if not self._has_buffer or self.closing:
             raise ValueError("operation on a closed buffer")
         return 0
+
+    cdef int _enter(self) except -1:
+        # Called with the GIL held, like _leave and release(), so a plain counter is enough.
+        self._check()
+        self.active += 1
+        return 0
+
+    cdef void _leave(self) noexcept:
+        self.active -= 1
 
     def seed(self, seed):
         """Reseed this handle's sampler."""
@@ -454,7 +506,13 @@ cdef class ReplayStore:
         `sources` are C-contiguous arrays of exactly `count` rows each, in column order, already
         of the column dtype; `priorities` is None or `count` finite float64 >= 0.
         """
-        self._check()
+        self._enter()
+        try:
+            return self._add(sources, count, priorities)
+        finally:
+            self._leave()
+
+    cdef object _add(self, sources, int64_t count, priorities=None):
         if count <= 0:
             raise ValueError(f"count must be > 0; got {count}")
         if len(sources) != self.column_count:
@@ -532,7 +590,13 @@ cdef class ReplayStore:
         row or batch shape) or Python scalars for one-element columns. Returns the first slot
         written, or None when any value needs the general (validating, casting) path; nothing
         is written then."""
-        self._check()
+        self._enter()
+        try:
+            return self._try_add(values)
+        finally:
+            self._leave()
+
+    cdef object _try_add(self, values):
         cdef int n = self.column_count
         cdef Py_buffer* views = <Py_buffer*>malloc(n * sizeof(Py_buffer))
         cdef const uint8_t** pointers = <const uint8_t**>malloc(n * sizeof(uint8_t*))
@@ -675,7 +739,13 @@ cdef class ReplayStore:
 
     def sample(self, int64_t batch, double beta, outputs, indexes, weights, generations):
         """Fill the given fresh arrays with a sample of `batch` rows. Raises ValueError if empty."""
-        self._check()
+        self._enter()
+        try:
+            return self._sample(batch, beta, outputs, indexes, weights, generations)
+        finally:
+            self._leave()
+
+    cdef object _sample(self, int64_t batch, double beta, outputs, indexes, weights, generations):
         cdef int count = self.column_count + 3
         cdef Py_buffer* views = <Py_buffer*>malloc(count * sizeof(Py_buffer))
         cdef uint8_t** pointers = <uint8_t**>malloc(count * sizeof(uint8_t*))
@@ -719,6 +789,11 @@ cdef class ReplayStore:
         cdef Header* h = self.header
         cdef int64_t k, index, applied = 0, stored = h.stored_size
         cdef double weight, max_priority = h.max_priority
+        # Ask for every record and leaf line first: the loop below then finds them in flight.
+        for k in range(count):
+            prefetch(self.rows + indexes[k] * self.stride)
+            prefetch(self.tree.sums + indexes[k])
+            prefetch(self.tree.mins + indexes[k])
         h.op = OP_UPDATE
         for k in range(count):
             index = indexes[k]
@@ -738,8 +813,16 @@ cdef class ReplayStore:
         return applied
 
     def update(self, indexes, priorities, generations=None):
-        """Apply validated int64 `indexes`, float64 `priorities`, optional uint64 `generations`."""
-        self._check()
+        """Apply int64 `indexes`, float64 `priorities` and optional uint64 `generations` (1-D,
+        C-contiguous). Indexes must be below the stored size and priorities finite and >= 0:
+        checked here in one pass each (IndexError / ValueError, nothing applied)."""
+        self._enter()
+        try:
+            return self._update(indexes, priorities, generations)
+        finally:
+            self._leave()
+
+    cdef object _update(self, indexes, priorities, generations=None):
         cdef const int64_t[::1] index_view = indexes
         cdef const double[::1] priority_view = priorities
         cdef const uint64_t[::1] generation_view
@@ -757,6 +840,14 @@ cdef class ReplayStore:
                 generation_pointer = &generation_view[0]
         if count == 0:
             return 0
+        cdef int64_t stored = self.header.stored_size
+        cdef int64_t bad
+        with nogil:
+            bad = first_out_of_range(&index_view[0], count, stored)
+        if bad >= 0:
+            raise IndexError(f"indexes must be in [0, stored size {stored}); got "
+                             f"{index_view[bad]} at position {bad}")
+        check_priorities(priorities)
         with nogil:
             status = self.lock()
             if status == 0:
@@ -771,7 +862,13 @@ cdef class ReplayStore:
 
     def clear(self):
         """Forget every row (generations move on, so old samples cannot update new rows)."""
-        self._check()
+        self._enter()
+        try:
+            return self._clear()
+        finally:
+            self._leave()
+
+    cdef object _clear(self):
         cdef int status
         with nogil:
             status = self.lock()
@@ -784,7 +881,13 @@ cdef class ReplayStore:
     def snapshot(self, outputs, indexes, priorities):
         """Copy every committed row in slot order into `outputs` (each sized for the stored size
         read before the call); returns how many rows were copied (torn rows are left out)."""
-        self._check()
+        self._enter()
+        try:
+            return self._snapshot(outputs, indexes, priorities)
+        finally:
+            self._leave()
+
+    cdef object _snapshot(self, outputs, indexes, priorities):
         cdef int count = self.column_count + 2
         cdef Py_buffer* views = <Py_buffer*>malloc(count * sizeof(Py_buffer))
         cdef uint8_t** pointers = <uint8_t**>malloc(count * sizeof(uint8_t*))
@@ -827,7 +930,13 @@ cdef class ReplayStore:
 
     def check_tree(self):
         """(sum root, sum of leaves, min root, min of set leaves) read under the lock; for tests."""
-        self._check()
+        self._enter()
+        try:
+            return self._check_tree()
+        finally:
+            self._leave()
+
+    cdef object _check_tree(self):
         cdef int status
         cdef double root_sum, root_min
         with nogil:

@@ -49,7 +49,7 @@ def _as_real(value: Any, name: str) -> float:
 
 
 def _as_priorities(priorities: Any, count: int, name: str = "priorities") -> np.ndarray:
-    array = np.asarray(priorities)
+    array = priorities if type(priorities) is np.ndarray else np.asarray(priorities)
     if array.dtype.kind not in "iuf":
         raise TypeError(f"{name} must be real numbers; got dtype {array.dtype}")
     if array.ndim > 1:
@@ -57,11 +57,7 @@ def _as_priorities(priorities: Any, count: int, name: str = "priorities") -> np.
     array = np.ascontiguousarray(array.reshape(-1), dtype=np.float64)
     if array.shape[0] != count:
         raise ValueError(f"{name} must have {count} entries (one per row); got {array.shape[0]}")
-    bad = ~(np.isfinite(array) & (array >= 0))
-    if bad.any():
-        position = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name} must be finite and >= 0; got {array[position]} at position "
-                         f"{position}")
+    _store.check_priorities(array, name)
     return array
 
 
@@ -224,6 +220,8 @@ class ReplayBuffer:
 
     def get_buffer_size(self) -> int:
         """Capacity in rows."""
+        if self._segment.closed:
+            raise ValueError("operation on a closed buffer")
         return self._layout.capacity
 
     def get_next_index(self) -> int:
@@ -450,22 +448,26 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Every index must be below the stored size. With `generations` (from :meth:`sample`),
         entries whose slot was overwritten since it was sampled are skipped.
         """
-        index_array = np.asarray(indexes)
+        index_array = indexes if type(indexes) is np.ndarray else np.asarray(indexes)
         if index_array.dtype.kind not in "iu":
             if not (index_array.size == 0 and index_array.dtype.kind == "f"):
                 raise TypeError(f"indexes must be integers; got dtype {index_array.dtype}")
         if index_array.ndim > 1:
             raise ValueError(f"indexes must be a scalar or 1-D; got shape {index_array.shape}")
+        if index_array.dtype.kind == "u" and index_array.size and index_array.max() > 2**62:
+            raise IndexError(f"indexes must be below the stored size; got {index_array.max()}")
         index_array = np.ascontiguousarray(index_array.reshape(-1), dtype=np.int64)
         count = index_array.shape[0]
-        stored = self.get_stored_size()
-        if count:
-            bad = (index_array < 0) | (index_array >= stored)
-            if bad.any():
-                position = int(np.flatnonzero(bad)[0])
-                raise IndexError(f"indexes must be in [0, stored size {stored}); got "
-                                 f"{int(index_array[position])} at position {position}")
-        priority_array = _as_priorities(priorities, count)
+        priority_array = priorities if type(priorities) is np.ndarray else np.asarray(priorities)
+        if priority_array.dtype.kind not in "iuf":
+            raise TypeError(f"priorities must be real numbers; got dtype {priority_array.dtype}")
+        if priority_array.ndim > 1:
+            raise ValueError(f"priorities must be a scalar or 1-D; got shape "
+                             f"{priority_array.shape}")
+        priority_array = np.ascontiguousarray(priority_array.reshape(-1), dtype=np.float64)
+        if priority_array.shape[0] != count:
+            raise ValueError(f"priorities must have {count} entries (one per index); got "
+                             f"{priority_array.shape[0]}")
         generation_array = None
         if generations is not None:
             generation_array = np.asarray(generations)
@@ -475,11 +477,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if generation_array.ndim > 1 or generation_array.size != count:
                 raise ValueError(f"generations must be 1-D with {count} entries (one per "
                                  f"index); got shape {generation_array.shape}")
-            if generation_array.size and generation_array.dtype.kind == "i" and (
-                    generation_array < 0).any():
+            if generation_array.dtype.kind == "i" and generation_array.size and (
+                    generation_array.min() < 0):
                 raise ValueError("generations must be >= 0")
             generation_array = np.ascontiguousarray(generation_array.reshape(-1),
                                                     dtype=np.uint64)
+        # Range and finiteness are checked by the store in one GIL-free pass each.
         return int(self._store.update(index_array, priority_array, generation_array))
 
     def get_max_priority(self) -> float:
