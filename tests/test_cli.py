@@ -1,0 +1,260 @@
+"""The orphan tools: ``python -m cpprb_ray ls | rm NAME | rm --orphans`` and their functions.
+
+An owner killed with SIGKILL cannot unlink its segment; these tests kill a real owner process,
+check that ``ls`` reports it dead, that ``rm --orphans`` removes its segment but not the segment
+of an owner that is alive, and that views of a removed segment keep working.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cpprb_ray
+from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer, _store
+from cpprb_ray.__main__ import main
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cpprb_ray.__file__)))
+
+OWNER_SCRIPT = """
+import sys, time
+from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer
+from cpprb_ray.__main__ import main
+cls = PrioritizedReplayBuffer if sys.argv[2] == "per" else ReplayBuffer
+rb = cls(16, {"obs": {"shape": 2}}, backend=sys.argv[1])
+rb.add(obs=[[1.0, 2.0], [3.0, 4.0]])
+print(rb.name, flush=True)
+time.sleep(120)
+"""
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def cli(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cpprb_ray", *arguments], capture_output=True,
+                          text=True, env=child_env(), timeout=60)
+
+
+def file_of(backend: str, name: str) -> str:
+    return os.path.join("/dev/shm", name) if backend == "shm" else name
+
+
+class Owner:
+    """A child process that owns a buffer and sleeps until it is killed."""
+
+    def __init__(self, backend: str, kind: str = "per") -> None:
+        self.backend = backend
+        self.process = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, backend, kind],
+                                        stdout=subprocess.PIPE, text=True, env=child_env())
+        self.name = self.process.stdout.readline().strip()
+        assert self.name, "the owner process printed no buffer name"
+        self.pid = self.process.pid
+
+    @property
+    def file(self) -> str:
+        return file_of(self.backend, self.name)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)      # reaped: a zombie would still look alive
+        self.process.stdout.close()
+
+    def cleanup(self) -> None:
+        self.kill()
+        if os.path.exists(self.file):
+            os.unlink(self.file)
+
+
+def ls_rows() -> dict:
+    """`python -m cpprb_ray ls` as {name: (backend, size text, rows, pid, alive)}."""
+    result = cli("ls")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:2] == ["NAME", "BACKEND"] and "ALIVE" in lines[0]
+    rows = {}
+    for line in lines[1:]:
+        fields = line.split()
+        rows[fields[0]] = (fields[1], " ".join(fields[2:4]), fields[4], int(fields[5]), fields[6])
+    return rows
+
+
+def entry_for(name: str):
+    matches = [entry for entry in cpprb_ray.list_buffers() if entry["name"] == name]
+    assert len(matches) <= 1
+    return matches[0] if matches else None
+
+
+def test_killed_owner_is_an_orphan(backend):
+    dead, alive = Owner(backend), Owner(backend, "uniform")
+    view = None
+    try:
+        view = PrioritizedReplayBuffer.attach(dead.name)
+        assert entry_for(dead.name)["owner_alive"] is True
+
+        dead.kill()
+        rows = ls_rows()
+        assert rows[dead.name][0] == backend and rows[dead.name][3] == dead.pid
+        assert rows[dead.name][2] == "2/16" and rows[dead.name][1].endswith("KiB")
+        assert rows[dead.name][4] == "no"
+        assert rows[alive.name][4] == "yes" and rows[alive.name][3] == alive.pid
+        entry = entry_for(dead.name)
+        assert entry["owner_alive"] is False and entry["owner_pid"] == dead.pid
+        assert entry["backend"] == backend and entry["prioritized"] is True
+        assert entry["capacity"] == 16 and entry["stored"] == 2
+        assert entry["size"] == os.path.getsize(dead.file)
+        assert entry_for(alive.name)["owner_alive"] is True
+        assert entry_for(alive.name)["prioritized"] is False
+
+        result = cli("rm", "--orphans")
+        assert result.returncode == 0, result.stderr
+        assert f"removed orphan {dead.name}" in result.stdout.splitlines()
+        assert alive.name not in result.stdout
+        assert not os.path.exists(dead.file)
+        assert os.path.exists(alive.file)                  # its owner lives: not an orphan
+        assert entry_for(dead.name) is None and entry_for(alive.name) is not None
+
+        # The view of the removed orphan still works until it closes.
+        np.testing.assert_array_equal(view.get_all_transitions()["obs"], [[1, 2], [3, 4]])
+        view.add(obs=[5.0, 6.0])
+        assert view.sample(3)["obs"].shape == (3, 2) and view.get_stored_size() == 3
+
+        # rm NAME removes a buffer whatever its owner's state.
+        result = cli("rm", alive.name)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"removed {alive.name}"
+        assert not os.path.exists(alive.file)
+        assert alive.process.poll() is None                # the owner itself is not touched
+    finally:
+        if view is not None:
+            view.close()
+        dead.cleanup()
+        alive.cleanup()
+
+
+def test_functions_on_orphans(backend):
+    dead = Owner(backend)
+    try:
+        with PrioritizedReplayBuffer(8, {"x": {}}, backend=backend) as mine:
+            entry = entry_for(mine.name)
+            assert entry["owner_pid"] == os.getpid() and entry["owner_alive"] is True
+            dead.kill()
+            assert entry_for(dead.name)["owner_alive"] is False
+            removed = cpprb_ray.remove_orphans()
+            assert dead.name in removed and mine.name not in removed
+            assert not os.path.exists(dead.file) and os.path.exists(file_of(backend, mine.name))
+            assert cpprb_ray.remove_buffer(dead.name) is False      # already gone
+    finally:
+        dead.cleanup()
+
+
+def test_remove_buffer_function(backend):
+    rb = ReplayBuffer(8, {"x": {}}, backend=backend)
+    try:
+        rb.add(x=[1.0, 2.0])
+        path = file_of(backend, rb.name)
+        assert cpprb_ray.remove_buffer(rb.name) is True
+        assert not os.path.exists(path)
+        assert entry_for(rb.name) is None
+        rb.add(x=3.0)                                  # the handle keeps its mapping
+        assert rb.get_stored_size() == 3 and rb.sample(2)["x"].shape == (2, 1)
+        with pytest.raises(FileNotFoundError):
+            ReplayBuffer.attach(rb.name)
+        assert cpprb_ray.remove_buffer(rb.name) is False
+    finally:
+        rb.close()                                     # the name is gone already: no error
+
+
+def test_reused_pid_is_not_a_live_owner(backend):
+    """A segment whose recorded owner pid now belongs to another process (different start time)
+    counts as orphaned."""
+    with PrioritizedReplayBuffer(8, {"x": {}}, backend=backend) as rb:
+        with open(file_of(backend, rb.name), "rb") as handle:
+            data = bytearray(handle.read())
+    header = _store.read_header(data)
+    start, length = header["layout_offset"], header["layout_length"]
+    document = json.loads(bytes(data[start:start + length]))
+    assert document["meta"]["owner_pid"] == os.getpid()
+    document["meta"]["owner_start"] = 1                # our pid, somebody else's start time
+    text = json.dumps(document).encode()
+    assert len(text) <= length
+    data[start:start + length] = text.ljust(length, b" ")
+    name = "cpprb_ray_test_reused_" + os.urandom(6).hex()
+    path = os.path.join("/dev/shm", name)
+    with open(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600), "wb") as handle:
+        handle.write(data)
+    try:
+        entry = [e for e in cpprb_ray.list_buffers() if e["path"] == path]
+        assert len(entry) == 1
+        assert entry[0]["owner_pid"] == os.getpid() and entry[0]["owner_alive"] is False
+    finally:
+        os.unlink(path)
+
+
+def test_rm_errors(capsys):
+    name = "cpprb_ray_test_absent_" + os.urandom(6).hex()
+    result = cli("rm", name)
+    assert result.returncode == 1 and "no such buffer" in result.stderr
+    assert cpprb_ray.remove_buffer(name) is False
+
+    # Something that is not a buffer is refused, and kept.
+    path = os.path.join("/dev/shm", "cpprb_ray_test_foreign_" + os.urandom(6).hex())
+    with open(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600), "wb") as handle:
+        handle.write(b"not a buffer" * 1000)
+    try:
+        result = cli("rm", os.path.basename(path))
+        assert result.returncode == 1 and "refused" in result.stderr
+        assert os.path.exists(path)
+        assert main(["rm", path]) == 1                 # as a path (mmap) too
+        assert "refused" in capsys.readouterr().err
+        with pytest.raises(ValueError):
+            cpprb_ray.remove_buffer(path)
+        assert os.path.exists(path)
+        assert all(entry["path"] != path for entry in cpprb_ray.list_buffers())
+    finally:
+        os.unlink(path)
+
+    result = cli("rm")                                 # neither NAME nor --orphans
+    assert result.returncode == 2 and "--orphans" in result.stderr
+    with pytest.raises(SystemExit) as exit_info:
+        main(["frobnicate"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rm"])
+    assert exit_info.value.code == 2
+
+
+def test_main_in_process(capsys, backend):
+    """The CLI's main() called directly (as the cpprb-ray console script does)."""
+    with PrioritizedReplayBuffer(4, {"x": {}}, backend=backend) as rb:
+        assert main(["ls"]) == 0
+        out = capsys.readouterr().out
+        line = [row for row in out.splitlines() if row.split()[0] == rb.name]
+        assert len(line) == 1 and line[0].split()[-1] == "yes"
+        assert str(os.getpid()) in line[0].split()
+        assert main(["rm", rb.name]) == 0
+        assert capsys.readouterr().out.strip() == f"removed {rb.name}"
+        assert main(["rm", rb.name]) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="bug: _orphans._describe reads only the first 64 KiB, so a "
+                   "buffer whose layout JSON is longer is invisible to ls and refused by rm")
+def test_wide_buffer_is_listed_and_removable(backend):
+    env = {f"column_{i:04d}": {} for i in range(1200)}     # ~100 KB of layout JSON
+    rb = ReplayBuffer(2, env, backend=backend)
+    try:
+        entry = entry_for(rb.name)
+        assert entry is not None and entry["owner_alive"] is True
+        assert cpprb_ray.remove_buffer(rb.name) is True
+    finally:
+        rb.close()
