@@ -231,11 +231,16 @@ def test_sampling_follows_priority_law(backend):
     assert chi_square(batch_counts, (raw + eps) ** alpha) < CHI2_999[df]
 
 
-@pytest.mark.parametrize("beta", [0.4, 1.0, 0.05])
-def test_weights_are_exact(backend, beta):
+@pytest.mark.parametrize("beta, spread", [(0.4, "narrow"), (1.0, "narrow"), (0.05, "narrow"),
+                                          (0.4, "wide"), (1.0, "wide")])
+def test_weights_are_exact(backend, beta, spread):
     rng = np.random.default_rng(3)
-    raw = rng.uniform(0.05, 5.0, size=40)
-    alpha, eps = 0.6, 1e-4
+    if spread == "narrow":
+        raw, alpha = rng.uniform(0.05, 5.0, size=40), 0.6
+    else:                                      # leaf weights 12 orders of magnitude apart
+        raw, alpha = 10.0 ** rng.uniform(-6, 6, size=40), 1.0
+        raw[:2] = [1e-6, 1e6]
+    eps = 1e-4 if spread == "narrow" else 0.0
     with make(backend, 64, alpha=alpha, eps=eps, seed=4) as rb:
         rb.add(**rows(0, 40), priorities=raw)
         sample = rb.sample(256, beta=beta)
@@ -251,6 +256,21 @@ def test_weights_are_exact(backend, beta):
     paper = (n * probability[indexes]) ** -beta / ((n * probability) ** -beta).max()
     np.testing.assert_allclose(weights, paper, rtol=1e-6)
     assert weights.max() <= 1.0
+
+
+def test_zero_priority_rows_are_never_sampled(backend):
+    """With eps=0 a row of priority 0 weighs nothing: never drawn, and no part of the weights'
+    normalisation (its P(i) = 0 would make max_j (N P(j))^-beta infinite)."""
+    with make(backend, 8, alpha=1.0, eps=0.0, seed=3) as rb:
+        rb.add(**rows(0, 4), priorities=[0.0, 1.0, 0.0, 4.0])
+        sample = rb.sample(1000, beta=1.0)
+        assert set(np.unique(sample["indexes"])) == {1, 3}
+        np.testing.assert_allclose(sample["weights"], np.where(sample["indexes"] == 1, 1.0, 0.25),
+                                   rtol=1e-6)
+        assert abs(int((sample["indexes"] == 3).sum()) - 800) <= 1       # stratified: 4/5
+        rb.update_priorities([1, 3], [0.0, 0.0])
+        with pytest.raises(ValueError):                # nothing left with any weight
+            rb.sample(1)
 
 
 def test_beta_zero_and_alpha_zero_give_unit_weights(backend):
@@ -777,7 +797,7 @@ def test_api_parity_with_cpprb(backend):
         theirs.on_episode_end()
         ours.clear()
         theirs.clear()
-        assert (ours.get_stored_size(), ours.get_next_index()) == (
-            theirs.get_stored_size(), theirs.get_next_index())
+        assert (ours.get_stored_size(), ours.get_next_index(), ours.get_max_priority()) == (
+            theirs.get_stored_size(), theirs.get_next_index(), theirs.get_max_priority())
     finally:
         ours.close()
