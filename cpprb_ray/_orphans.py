@@ -53,10 +53,14 @@ def _describe(path: str) -> Dict[str, Any]:
         head = handle.read(_store.HEADER_NBYTES)
         if len(head) < _store.HEADER_NBYTES or head[:8] != _store.MAGIC:
             raise ValueError("not a cpprb_ray buffer")
+        header = _store.read_header(bytearray(head))
+        # Header and layout JSON come first; read exactly that much (the JSON can be long).
+        wanted = min(int(header["layout_offset"]) + int(header["layout_length"]),
+                     os.fstat(handle.fileno()).st_size)
         handle.seek(0)
-        data = bytearray(handle.read(65536))
+        data = bytearray(handle.read(max(wanted, _store.LAYOUT_OFFSET)))
     size = os.path.getsize(path)
-    # Header and layout JSON sit in the first 64 KiB; the rest is only checked arithmetically.
+    # Beyond the layout, the segment is only checked arithmetically.
     header, layout = _layout.read(data, size, path)
     backend = layout.meta.get("backend", "mmap")
     name = os.path.basename(path) if backend == "shm" else path

@@ -12,6 +12,7 @@ arguments with numpy, then release the GIL for the whole batch.
 """
 
 from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.float cimport DBL_MAX
 from libc.math cimport INFINITY
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.string cimport memset
@@ -317,8 +318,9 @@ def as_indices(indices, Py_ssize_t capacity, str name="indices"):
     return array
 
 
-def as_values(values, Py_ssize_t count, str name="values"):
-    """Return `values` as C-contiguous finite non-negative float64 of length `count`."""
+def as_values(values, Py_ssize_t count, str name="values", upper=None):
+    """Return `values` as C-contiguous finite non-negative float64 of length `count` (each at
+    most `upper` when given)."""
     array = np.asarray(values)
     if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
         raise TypeError(f"{name} must be real numbers; got dtype {array.dtype}")
@@ -332,6 +334,12 @@ def as_values(values, Py_ssize_t count, str name="values"):
         position = int(np.flatnonzero(bad)[0])
         raise ValueError(
             f"{name} must be finite and >= 0; got {array[position]} at position {position}"
+        )
+    if upper is not None and array.size and array.max() > upper:
+        position = int(np.flatnonzero(array > upper)[0])
+        raise ValueError(
+            f"{name} must be <= {upper:.3g} so that the total stays finite; got "
+            f"{array[position]} at position {position}"
         )
     return array
 
@@ -452,7 +460,9 @@ cdef class SegmentTree:
         """
         self._check_open()
         index_array = as_indices(indices, self.view.capacity)
-        value_array = as_values(values, index_array.shape[0])
+        # Bounded so that even all leaves at the bound sum to a finite total.
+        value_array = as_values(values, index_array.shape[0],
+                                upper=DBL_MAX / (2.0 * self.view.capacity))
         cdef const int64_t[::1] idx = index_array
         cdef const double[::1] vals = value_array
         cdef int64_t count = idx.shape[0]

@@ -71,6 +71,7 @@ cdef extern from *:
 
 cdef enum:
     GATHER_AHEAD = 8
+    FUTEX_TID_MASK = 0x3fffffff
 
 
 cdef struct Header:
@@ -283,6 +284,7 @@ cdef class ReplayStore:
     cdef int64_t* row_bytes
     cdef Xoshiro256 rng
     cdef readonly bint prioritized
+    cdef double max_weight        # largest leaf weight such that the total cannot overflow
     cdef int active               # threads of this process inside a kernel on this store
     cdef bint closing
     # For the fast add path: what each column accepts without numpy's help.
@@ -311,6 +313,7 @@ cdef class ReplayStore:
         self.mutex = <pthread_mutex_t*>(self.base + MUTEX_AT)
         self.capacity = self.header.capacity
         self.prioritized = self.header.prioritized != 0
+        self.max_weight = DBL_MAX / (2.0 * self.capacity)
         tree_bind(&self.tree, <double*>(self.base + self.header.tree_offset), self.capacity)
         self.rows = self.base + self.header.rows_offset
         self.stride = self.header.row_stride
@@ -365,6 +368,38 @@ cdef class ReplayStore:
         if not self._has_buffer or self.closing:
             raise ValueError("operation on a closed buffer")
         return 0
+
+    def lock_owner(self):
+        """Thread id in the mutex's lock word (0 when free; glibc keeps the holder's tid in the
+        first int of a robust mutex). Lets attach refuse a lock held by a thread that does not
+        exist -- a corrupt or foreign segment -- instead of waiting for it forever."""
+        self._check()
+        return (<const int*>self.mutex)[0] & FUTEX_TID_MASK
+
+    def check_priorities(self, priorities, str name="priorities"):
+        """Raise ValueError naming `name` unless every float64 priority is finite, >= 0 and small
+        enough that its weight (p + eps) ** alpha keeps the tree's total finite."""
+        cdef const double[::1] view = priorities
+        cdef int64_t k, bad = -1
+        cdef double alpha = self.header.alpha, eps = self.header.eps
+        cdef double weight
+        cdef bint overflow = False
+        with nogil:
+            for k in range(view.shape[0]):
+                if not (view[k] >= 0.0 and view[k] <= DBL_MAX):
+                    bad = k
+                    break
+                weight = leaf_weight(view[k], alpha, eps)
+                if not weight <= self.max_weight:
+                    bad = k
+                    overflow = True
+                    break
+        if bad >= 0 and overflow:
+            raise ValueError(f"{name} must keep (p + eps) ** alpha <= {self.max_weight:.3g} (so "
+                             f"the total of {self.capacity} rows stays finite); got {view[bad]} "
+                             f"at position {bad}")
+        if bad >= 0:
+            raise ValueError(f"{name} must be finite and >= 0; got {view[bad]} at position {bad}")
 
     cdef int _enter(self) except -1:
         # Called with the GIL held, like _leave and release(), so a plain counter is enough.
@@ -847,7 +882,7 @@ cdef class ReplayStore:
         if bad >= 0:
             raise IndexError(f"indexes must be in [0, stored size {stored}); got "
                              f"{index_view[bad]} at position {bad}")
-        check_priorities(priorities)
+        self.check_priorities(priorities)
         with nogil:
             status = self.lock()
             if status == 0:

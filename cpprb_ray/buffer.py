@@ -48,7 +48,8 @@ def _as_real(value: Any, name: str) -> float:
     return value
 
 
-def _as_priorities(priorities: Any, count: int, name: str = "priorities") -> np.ndarray:
+def _as_priorities(store: _store.ReplayStore, priorities: Any, count: int,
+                   name: str = "priorities") -> np.ndarray:
     array = priorities if type(priorities) is np.ndarray else np.asarray(priorities)
     if array.dtype.kind not in "iuf":
         raise TypeError(f"{name} must be real numbers; got dtype {array.dtype}")
@@ -57,7 +58,7 @@ def _as_priorities(priorities: Any, count: int, name: str = "priorities") -> np.
     array = np.ascontiguousarray(array.reshape(-1), dtype=np.float64)
     if array.shape[0] != count:
         raise ValueError(f"{name} must have {count} entries (one per row); got {array.shape[0]}")
-    _store.check_priorities(array, name)
+    store.check_priorities(array, name)
     return array
 
 
@@ -147,8 +148,24 @@ class ReplayBuffer:
         self._owner = owner
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
+        if not owner:
+            self._check_lock_holder(segment.location)
         self._finalizer = (weakref.finalize(self, _cleanup, segment, self._owner_pid)
                            if owner else None)
+
+    def _check_lock_holder(self, location: str) -> None:
+        """Refuse a segment whose lock names a thread that does not exist (corrupt or foreign):
+        waiting for it would hang forever. A live holder lets go within moments."""
+        deadline = time.monotonic() + 0.5
+        while True:
+            holder = self._store.lock_owner()
+            if holder == 0 or os.path.exists(f"/proc/{holder}"):
+                return
+            if time.monotonic() > deadline:
+                self._store.release()
+                raise _layout.corrupt(location, f"its lock is held by thread {holder}, which does "
+                                                f"not exist")
+            time.sleep(0.01)
 
     @classmethod
     def attach(cls, name_or_path: PathLike, *, seed: Optional[int] = None):
@@ -425,7 +442,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 return first
         arrays, count = self._rows(columns)
         if priorities is not None:
-            priorities = _as_priorities(priorities, count)
+            priorities = _as_priorities(self._store, priorities, count)
         return int(self._store.add(arrays, count, priorities))
 
     def sample(self, batch_size: int, beta: float = 0.4) -> Dict[str, np.ndarray]:
