@@ -534,9 +534,6 @@ def test_attach_refuses_crafted_columns(backend, edit):
 # priorities whose tree weight (p + eps) ** alpha overflows
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a finite priority whose weight (p + eps) ** alpha "
-                   "overflows to inf is accepted; sampling then never picks that row and "
-                   "returns NaN weights")
 @pytest.mark.parametrize("how", ["add", "update"])
 def test_priority_whose_weight_overflows(backend, how):
     with PrioritizedReplayBuffer(8, ENV, alpha=2.0, backend=backend, seed=0) as rb:
@@ -549,8 +546,6 @@ def test_priority_whose_weight_overflows(backend, how):
                           "priorities")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: leaves of 1e308 each sum to inf at the root; "
-                   "sampling then returns only the last positive leaf")
 def test_priorities_whose_total_overflows(backend):
     """Either refuse such priorities, or sample them correctly: never a silent wrong law."""
     with PrioritizedReplayBuffer(4, {"x": {}}, alpha=2.0, eps=0.0, backend=backend,
@@ -582,8 +577,6 @@ view.close()
 """
 
 
-@pytest.mark.xfail(strict=True, reason="bug: attach does not check the robust mutex; a lock "
-                   "word naming a thread that does not exist makes every later call hang")
 def test_corrupt_mutex_never_hangs():
     """The lock region (bytes 256..512) overwritten with 0x01: never a hang or a crash."""
     real = _real_bytes("mmap")

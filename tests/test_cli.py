@@ -247,8 +247,6 @@ def test_main_in_process(capsys, backend):
         assert main(["rm", rb.name]) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="bug: _orphans._describe reads only the first 64 KiB, so a "
-                   "buffer whose layout JSON is longer is invisible to ls and refused by rm")
 def test_wide_buffer_is_listed_and_removable(backend):
     env = {f"column_{i:04d}": {} for i in range(1200)}     # ~100 KB of layout JSON
     rb = ReplayBuffer(2, env, backend=backend)
