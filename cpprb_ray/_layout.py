@@ -57,7 +57,8 @@ def parse_env_dict(env_dict: Mapping[str, Any]) -> List[Column]:
             spec = {}
         if not isinstance(spec, Mapping):
             raise TypeError(f"env_dict[{name!r}] must be a dict; got {type(spec).__name__}")
-        unknown = set(spec) - {"shape", "dtype"}
+        # cpprb writes "add_shape" into the env_dict it is given; accept a dict it has seen.
+        unknown = set(spec) - {"shape", "dtype", "add_shape"}
         if unknown:
             raise ValueError(f"env_dict[{name!r}] has unsupported keys {sorted(unknown)}; "
                              f"expected 'shape' and 'dtype'")

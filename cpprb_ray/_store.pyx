@@ -49,6 +49,10 @@ from time import sleep as _sleep
 import numpy as np
 
 _ndarray = np.ndarray
+_generic = np.generic
+_floating = np.floating
+_integer = np.integer
+_bool = np.bool_
 
 from cpprb_ray._segtree import _seed_from
 
@@ -601,6 +605,17 @@ cdef class ReplayStore:
         cdef char kind = self.column_kinds[c]
         cdef int64_t size = self.column_itemsizes[c]
         cdef type value_type = type(value)
+        if isinstance(value, _generic):
+            # numpy scalars follow the same rules as the Python scalars of their kind.
+            if isinstance(value, _floating):
+                value = float(value)
+            elif isinstance(value, _bool):
+                value = bool(value)
+            elif isinstance(value, _integer):
+                value = int(value)
+            else:
+                return 0
+            value_type = type(value)
         try:
             if kind == b"f" and (value_type is float or value_type is int or value_type is bool):
                 if size == 8:
