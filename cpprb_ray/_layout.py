@@ -85,14 +85,28 @@ def parse_env_dict(env_dict: Mapping[str, Any]) -> List[Column]:
     return columns
 
 
-def process_start_time(pid: int) -> Optional[int]:
-    """Start time of `pid` in clock ticks (/proc), to tell a live owner from a reused pid."""
+def _proc_stat(pid: int) -> Optional[List[bytes]]:
+    """Fields of /proc/PID/stat after the command name (state first), or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
+            return stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def process_start_time(pid: int) -> Optional[int]:
+    """Start time of `pid` in clock ticks (/proc), to tell a live owner from a reused pid."""
+    fields = _proc_stat(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def process_is_zombie(pid: int) -> bool:
+    """True when `pid` has exited but was not reaped yet (state Z or X): it holds nothing."""
+    fields = _proc_stat(pid)
+    return bool(fields) and fields[0] in (b"Z", b"X")
 
 
 class Layout:

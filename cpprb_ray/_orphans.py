@@ -44,6 +44,8 @@ def _owner_alive(meta: Dict[str, Any]) -> bool:
         return False
     except PermissionError:
         pass
+    if _layout.process_is_zombie(pid):
+        return False
     started = meta.get("owner_start")
     return started is None or _layout.process_start_time(pid) == started
 

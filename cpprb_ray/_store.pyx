@@ -115,6 +115,8 @@ cdef enum:
 cdef enum:
     # Kernel results besides >= 0 counts.
     ERR_EMPTY = -1
+    ERR_ALL_ZERO = -4
+    ERR_ALL_TORN = -5
     ERR_NOMEM = -2
     ERR_LOCK = -3
 
@@ -730,7 +732,7 @@ cdef class ReplayStore:
         if self.prioritized:
             total = tree_total(&self.tree)
             if not total > 0.0:
-                return ERR_EMPTY
+                return ERR_ALL_ZERO
             tree_sample(&self.tree, &self.rng, scratch, indexes, batch)
             lowest = tree_min(&self.tree)
             # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta. The weights are
@@ -754,7 +756,7 @@ cdef class ReplayStore:
                         while index < stored and self.generation(index)[0] & 1:
                             index += 1
                         if index == stored:
-                            return ERR_EMPTY
+                            return ERR_ALL_TORN
                         break
                 indexes[k] = index
                 weights[k] = 1.0
@@ -825,6 +827,12 @@ cdef class ReplayStore:
                 raise OSError(-status, "locking the buffer failed")
             if result == ERR_EMPTY:
                 raise ValueError("cannot sample from an empty buffer")
+            if result == ERR_ALL_ZERO:
+                raise ValueError("cannot sample: every stored row has weight 0 (all priorities "
+                                 "are 0 and eps is 0)")
+            if result == ERR_ALL_TORN:
+                raise ValueError("cannot sample: every stored row was torn by a writer that "
+                                 "died mid-add")
         finally:
             for c in range(acquired):
                 PyBuffer_Release(&views[c])
