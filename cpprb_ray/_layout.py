@@ -106,7 +106,7 @@ def process_start_time(pid: int) -> Optional[int]:
 def process_is_zombie(pid: int) -> bool:
     """True when `pid` has exited but was not reaped yet (state Z or X): it holds nothing."""
     fields = _proc_stat(pid)
-    return bool(fields) and fields[0] in (b"Z", b"X")
+    return fields is not None and bool(fields) and fields[0] in (b"Z", b"X")
 
 
 class Layout:
