@@ -151,6 +151,12 @@ def process_child(conn, handle: Any, how: str, first: int, count: int, end: str)
         sys.exit(0)
 
 
+def sample_indexes(conn, rb, size: int) -> None:
+    """Send the indexes of one sample of `size` rows."""
+    conn.send(rb.sample(size)["indexes"].tolist())
+    conn.close()
+
+
 # -- stress (test_crash) --------------------------------------------------------------------------
 
 def _wait_start(start, seconds: float) -> float:
