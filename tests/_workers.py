@@ -157,6 +157,24 @@ def sample_indexes(conn, rb, size: int) -> None:
     conn.close()
 
 
+def outlive_the_owner(conn, rb) -> None:
+    """Hold a view; once told the owner closed (and unlinked), keep adding and sampling."""
+    try:
+        conn.send(("attached", rb.get_stored_size()))
+        if not conn.poll(120):
+            raise TimeoutError("never told the owner closed")
+        conn.recv()
+        rb.add(**rows(5000, 20))
+        problems = check_sample(rb, rb.sample(64))
+        conn.send(("done", {"stored": rb.get_stored_size(), "problems": problems,
+                            "owner": rb.is_owner}))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise
+    finally:
+        conn.close()
+
+
 # -- stress (test_crash) --------------------------------------------------------------------------
 
 def _wait_start(start, seconds: float) -> float:

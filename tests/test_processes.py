@@ -183,6 +183,37 @@ def receive_raw(conn):
     return conn.recv()
 
 
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "fork"])
+def test_views_outlive_the_owner(backend, method):
+    """The owner closes (and unlinks) while a child holds a view: the child keeps working on
+    the memory, and when it exits nothing is left behind."""
+    ctx = multiprocessing.get_context(method)
+    rb = cpprb_ray.PrioritizedReplayBuffer(100, ENV, backend=backend)
+    path = segment_file(rb)
+    conn, child_end = ctx.Pipe()
+    child = ctx.Process(target=_workers.outlive_the_owner, args=(child_end, rb))
+    try:
+        rb.add(**rows(0, 10))
+        child.start()
+        child_end.close()
+        assert receive(conn, "attach report") == 10
+    finally:
+        rb.close()
+    try:
+        assert not os.path.exists(path)
+        conn.send("closed")
+        result = receive(conn, "result")
+        reap([child])
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(10)
+        conn.close()
+    assert child.exitcode == 0
+    assert result == {"stored": 30, "problems": [], "owner": False}
+    assert not os.path.exists(path)
+
+
 _ATTACH_SCRIPT = r"""
 import sys
 sys.path.insert(0, {tests!r})
