@@ -4,7 +4,8 @@
   for CPPRB_RAY_STRESS_SECONDS (30) seconds; no sampled row is ever torn, and afterwards the
   tree, the sizes and rows_added agree with what the writers say they did.
 * Kill -9: a writer adding big batches (so that most kills land inside add, holding the lock) is
-  SIGKILLed at random moments, CPPRB_RAY_KILLS (40) times, while a sampler keeps sampling. The
+  SIGKILLed at random moments, at least CPPRB_RAY_KILLS (40) times and until
+  CPPRB_RAY_KILL_SECONDS (6) seconds have passed, while a sampler keeps sampling. The
   next locker repairs; no torn row is ever sampled, every row committed before a kill stays,
   and the ring's bookkeeping stays exact. The same for a uniform buffer, and for a process
   that samples and updates priorities.
@@ -39,7 +40,8 @@ import _workers  # noqa: E402
 from _workers import ENV, rows  # noqa: E402
 
 STRESS_SECONDS = float(os.environ.get("CPPRB_RAY_STRESS_SECONDS", "30"))
-KILLS = int(os.environ.get("CPPRB_RAY_KILLS", "40"))
+KILLS = int(os.environ.get("CPPRB_RAY_KILLS", "40"))          # at least this many kills
+KILL_SECONDS = float(os.environ.get("CPPRB_RAY_KILL_SECONDS", "6"))  # and more until then
 TIMEOUT = 60.0
 PRELOAD = ["numpy", "cpprb_ray"]
 # At collection, before any test can have started the forkserver (see context()).
@@ -253,7 +255,8 @@ def kill_writers_repeatedly(rb, capacity: int) -> None:
             progress = ctx.RawValue("q", 0)
             ready = ctx.Event()
             kills = 0
-            for _ in range(KILLS):
+            deadline = time.monotonic() + KILL_SECONDS
+            while kills < KILLS or (time.monotonic() < deadline and kills < 20 * KILLS):
                 progress.value = last + 1
                 ready.clear()
                 writer = children.start(ctx.Process(target=_workers.kill_writer, args=(
