@@ -36,6 +36,8 @@ from libc.float cimport DBL_MAX
 from libc.math cimport INFINITY, floor, pow, powf
 from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
+from posix.types cimport pid_t
+from posix.unistd cimport getpid
 from libc.string cimport memcpy, memset
 
 from cpprb_ray._segtree cimport (TreeView, Xoshiro256, rng_seed, rng_uniform, tree_bind,
@@ -290,6 +292,7 @@ cdef class ReplayStore:
     cdef int64_t* row_bytes
     cdef Xoshiro256 rng
     cdef readonly bint prioritized
+    cdef pid_t rng_pid            # process the sampler was seeded in
     cdef double max_weight        # largest leaf weight such that the total cannot overflow
     cdef int active               # threads of this process inside a kernel on this store
     cdef bint closing
@@ -346,6 +349,7 @@ cdef class ReplayStore:
                 self.column_kinds[c] = 0
                 self.column_itemsizes[c] = 0
         rng_seed(&self.rng, _seed_from(seed))
+        self.rng_pid = getpid()
 
     def __dealloc__(self):
         free(self.columns)
@@ -419,6 +423,7 @@ cdef class ReplayStore:
     def seed(self, seed):
         """Reseed this handle's sampler."""
         rng_seed(&self.rng, _seed_from(seed))
+        self.rng_pid = getpid()
 
     # -- header fields, read without the lock (aligned 8-byte loads never tear) -----------------
 
@@ -798,6 +803,11 @@ cdef class ReplayStore:
             self._leave()
 
     cdef object _sample(self, int64_t batch, double beta, outputs, indexes, weights, generations):
+        if getpid() != self.rng_pid:
+            # A forked child inherited this handle's sampler state: without a fresh seed it
+            # would draw exactly the parent's samples.
+            rng_seed(&self.rng, _seed_from(None))
+            self.rng_pid = getpid()
         cdef int count = self.column_count + 3
         cdef Py_buffer* views = <Py_buffer*>malloc(count * sizeof(Py_buffer))
         cdef uint8_t** pointers = <uint8_t**>malloc(count * sizeof(uint8_t*))
