@@ -143,7 +143,7 @@ def record_stride(record_bytes: int) -> int:
 
 def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str) -> Layout:
     """Lay out a new segment for `capacity` rows of `columns`."""
-    meta = {"backend": backend, "owner_pid": os.getpid(),
+    meta = {"backend": backend, "owner_pid": os.getpid(), "owner_parent_pid": os.getppid(),
             "owner_start": process_start_time(os.getpid()), "host": socket.gethostname(),
             "created": time.time()}
     # The JSON length fixes where data starts; offsets inside the JSON do not change its length

@@ -62,20 +62,33 @@ def _describe(path: str) -> Dict[str, Any]:
         handle.seek(0)
         data = bytearray(handle.read(max(wanted, _store.LAYOUT_OFFSET)))
     size = os.path.getsize(path)
-    # Beyond the layout, the segment is only checked arithmetically.
-    header, layout = _layout.read(data, size, path)
+    try:
+        # Beyond the layout, the segment is only checked arithmetically.
+        header, layout = _layout.read(data, size, path)
+    except ValueError as error:
+        # Our magic but unreadable: damaged, or made by an incompatible version. Still list it
+        # (with what the fixed header says) so that it can be removed.
+        return {"name": os.path.basename(path) if path.startswith(_memory.SHM_DIR + "/") else path,
+                "backend": "?", "size": size, "capacity": header["capacity"],
+                "stored": header["stored_size"], "prioritized": bool(header["prioritized"]),
+                "owner_pid": int(header["owner_pid"]),
+                "owner_alive": _owner_alive({"owner_pid": header["owner_pid"]}), "path": path,
+                "valid": False, "problem": str(error)}
     backend = layout.meta.get("backend", "mmap")
     name = os.path.basename(path) if backend == "shm" else path
     return {"name": name, "backend": backend, "size": size, "capacity": layout.capacity,
             "stored": header["stored_size"], "prioritized": layout.prioritized,
             "owner_pid": int(layout.meta.get("owner_pid", 0)),
-            "owner_alive": _owner_alive(layout.meta), "path": path}
+            "owner_alive": _owner_alive(layout.meta), "path": path, "valid": True,
+            "problem": ""}
 
 
 def list_buffers() -> List[Dict[str, Any]]:
     """This user's cpprb_ray buffers on this host, as dicts.
 
-    Keys: name, backend, size (bytes), capacity, stored, prioritized, owner_pid, owner_alive, path.
+    Keys: name, backend, size (bytes), capacity, stored, prioritized, owner_pid, owner_alive,
+    path, valid and problem (a buffer with our magic that cannot be attached -- damaged, or made
+    by an incompatible version -- is listed with valid False, backend "?", so it can be removed).
 
     Examples
     --------
@@ -109,7 +122,10 @@ def remove_orphans() -> List[str]:
     for entry in list_buffers():
         if not entry["owner_alive"]:
             backend = entry["backend"]
-            location = entry["name"] if backend == "shm" else entry["path"]
-            if _memory.unlink(backend, location):
+            if backend == "shm":
+                gone = _memory.unlink("shm", entry["name"])
+            else:  # mmap files, and unreadable segments (a POSIX shm object is a file too)
+                gone = _memory.unlink("mmap", entry["path"])
+            if gone:
                 removed.append(entry["name"])
     return removed

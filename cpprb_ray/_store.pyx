@@ -106,6 +106,8 @@ cdef struct Header:
     uint64_t repairs             # times a dead holder's work was repaired
     uint64_t created_ns
     uint64_t row_stride
+    uint64_t pending_old_rows_added
+    double pending_old_max_priority
 
 
 cdef enum:
@@ -142,6 +144,7 @@ _HEADER_FIELDS = (
     "stored_size", "max_priority", "op", "pending_start", "pending_count", "pending_old_next",
     "pending_old_stored", "owner_pid", "layout_offset", "layout_length", "data_offset",
     "tree_offset", "rows_offset", "rows_added", "repairs", "created_ns", "row_stride",
+    "pending_old_rows_added", "pending_old_max_priority",
 )
 
 
@@ -177,6 +180,8 @@ def read_header(memory):
             "rows_offset": header.rows_offset, "rows_added": header.rows_added,
             "repairs": header.repairs, "created_ns": header.created_ns,
             "row_stride": header.row_stride,
+            "pending_old_rows_added": header.pending_old_rows_added,
+            "pending_old_max_priority": header.pending_old_max_priority,
         })
         return fields
     finally:
@@ -477,6 +482,8 @@ cdef class ReplayStore:
                 self.generation(slot)[0] |= 1
             h.next_index = h.pending_old_next
             h.stored_size = h.pending_old_stored
+            h.rows_added = h.pending_old_rows_added
+            h.max_priority = h.pending_old_max_priority
         elif h.op == OP_CLEAR:
             self.clear_locked()
         tree_rebuild(&self.tree)
@@ -515,6 +522,8 @@ cdef class ReplayStore:
         h.pending_count = written
         h.pending_old_next = h.next_index
         h.pending_old_stored = h.stored_size
+        h.pending_old_rows_added = h.rows_added
+        h.pending_old_max_priority = h.max_priority
         h.op = OP_ADD
         # 2. Copy each row into its record, move its generation to the next even number and
         #    its priority into the leaf.
@@ -1007,19 +1016,22 @@ cdef class ReplayStore:
     cdef object _check_tree(self):
         cdef int status
         cdef double root_sum, root_min
+        sums = np.empty(self.capacity, dtype=np.float64)
+        mins = np.empty(self.capacity, dtype=np.float64)
+        cdef double[::1] sum_view = sums
+        cdef double[::1] min_view = mins
         with nogil:
             status = self.lock()
             if status == 0:
+                # One consistent snapshot: roots and leaves copied under the same lock.
                 root_sum = tree_total(&self.tree)
                 root_min = tree_min(&self.tree)
+                memcpy(&sum_view[0], self.tree.sums, <size_t>self.capacity * sizeof(double))
+                memcpy(&min_view[0], self.tree.mins, <size_t>self.capacity * sizeof(double))
                 self.unlock()
         if status:
             raise OSError(-status, "locking the buffer failed")
-        sums = np.frombuffer(self._memory, dtype=np.float64, count=self.capacity,
-                             offset=self.header.tree_offset)
-        mins = np.frombuffer(self._memory, dtype=np.float64, count=self.capacity,
-                             offset=self.header.tree_offset + 8 * self.tree.level_doubles)
-        return root_sum, sums.copy(), root_min, mins.copy()
+        return root_sum, sums, root_min, mins
 
     def generations_of(self, indexes):
         """Current generation of each slot (uint64), for tests and diagnostics."""

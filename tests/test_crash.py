@@ -394,8 +394,6 @@ def test_repair_after_a_holder_died(state, backend):
         rb.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: repair rolls back an add killed after "
-                   "'rows_added += count' but keeps the count (pending_old_rows_added missing)")
 def test_rows_added_rolled_back_with_the_add(backend):
     """rows_added counts committed rows; an add the repair rolls back was not committed."""
     rb = cpprb_ray.PrioritizedReplayBuffer(64, ENV, backend=backend)

@@ -154,8 +154,6 @@ def test_segment_survives_children_that_only_attach(owner, method):
 
 @pytest.mark.skipif("fork" not in METHODS, reason="no fork on this platform")
 @pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
-@pytest.mark.xfail(strict=True, reason="BUG: a forked child keeps the handle's sampler state, "
-                   "so forked workers (and the parent) draw the very same samples")
 def test_forked_children_do_not_sample_alike(backend):
     """Handles inherited through fork must not share a random stream: every worker would
     draw the same 'random' rows (unpickled handles already get a fresh seed)."""
