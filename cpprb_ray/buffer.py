@@ -157,9 +157,12 @@ class ReplayBuffer:
         """Refuse a segment whose lock names a thread that does not exist (corrupt or foreign):
         waiting for it would hang forever. A live holder lets go within moments."""
         deadline = time.monotonic() + 0.5
+        first = self._store.lock_owner()
         while True:
             holder = self._store.lock_owner()
-            if holder == 0 or os.path.exists(f"/proc/{holder}"):
+            # Free, held by a live thread, or changing hands (a holder in another pid namespace
+            # sharing /dev/shm is invisible in /proc but lets go): all fine.
+            if holder == 0 or holder != first or os.path.exists(f"/proc/{holder}"):
                 return
             if time.monotonic() > deadline:
                 self._store.release()
