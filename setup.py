@@ -5,17 +5,27 @@ safety for speed are set here, with an environment switch for a checked
 debug build that CI runs once:
 
     CPPRB_RAY_DEBUG=1 pip install -e .   # boundscheck, wraparound, initializedcheck on, -O0 -g
-    CPPRB_RAY_ANNOTATE=1 ...              # also write the Cython HTML annotation
+    CPPRB_RAY_ANNOTATE=1 ...              # also write the Cython HTML annotation (beside the C)
+
+Generated files stay out of the source tree and apart from each other: the C that Cython writes
+goes to build/cython-<Cython version>/ (build/debug/... for a debug build), so one checkout can be
+built by several Pythons and Cythons (Cython 3.0 for CPython 3.7, >= 3.1 elsewhere) without one
+compiling C that another generated, and a debug build (its own build/debug base, so its objects
+and libraries too) can never end up in a release wheel. Extension modules carry the ABI tag
+(_segtree.cpython-311-x86_64-linux-gnu.so), so in-place builds for several Pythons coexist.
 """
 
 import os
 import sys
 
+import Cython
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 DEBUG = os.environ.get("CPPRB_RAY_DEBUG", "") not in ("", "0")
 ANNOTATE = os.environ.get("CPPRB_RAY_ANNOTATE", "") not in ("", "0")
+BUILD_BASE = os.path.join("build", "debug") if DEBUG else "build"
+GENERATED_C = os.path.join(BUILD_BASE, f"cython-{Cython.__version__}")
 
 directives = {
     "language_level": 3,
@@ -43,10 +53,13 @@ extensions = [
 ]
 
 setup(
+    license="MIT",  # dynamic in pyproject.toml: one spelling that setuptools 68 (3.7) to 84+ accept
+    options={"build": {"build_base": BUILD_BASE}},
     ext_modules=cythonize(
         extensions,
         compiler_directives=directives,
         annotate=ANNOTATE,
+        build_dir=GENERATED_C,
         # A debug build must never reuse optimized C files from a previous build.
         force=DEBUG,
     ),

@@ -1,0 +1,178 @@
+# cpprb_ray developer entry points. Every target sets up what it needs from a clean clone:
+#
+#   make demo         the main job (sets up .venv first)
+#   make test         the whole test suite on Python 3.11 (sets up .venv first)
+#   make test-debug   tests/test_segtree.py tests/test_sync.py against a CPPRB_RAY_DEBUG=1 build
+#   make test37       the whole suite on CPython 3.7 (Cython 3.0, numpy 1.21, ray 2.7.2)
+#   make wheel-check  sdist -> wheel, installed in a venv without Cython, smoke-tested
+#   make lint         ruff + mypy on cpprb_ray
+#   make clean        build outputs;  make distclean: also every .venv*
+#
+# Virtual environments live in the repository (.venv*/ is gitignored):
+#   .venv         Python 3.11 (else python3): editable install, extensions built in place
+#   .venv37       CPython 3.7 from pyenv: editable install, its own ABI-tagged .so files in place
+#   .venv-debug   a debug build made in a copy of the tree (.venv-debug/src), never in place
+#   .venv-wheel   rebuilt by every wheel-check, without Cython
+# Extension modules carry their ABI tag (cpython-311 / cpython-37m), so the 3.11 and 3.7 in-place
+# builds coexist; setup.py keeps generated C under build/cython-<version>/, per Cython version.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+
+PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $$HOME/.pyenv)
+
+# $(call find_python,CANDIDATES,X.Y): the first candidate that runs and is Python X.Y.
+find_python = $(shell for p in $(1); do \
+    if "$$p" -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(2)")' >/dev/null 2>&1; \
+    then command -v "$$p"; break; fi; done)
+
+PYTHON ?= $(or $(call find_python,python3.11 $(shell ls -d $(PYENV_ROOT)/versions/3.11.*/bin/python 2>/dev/null | sort -rV),3.11),$(shell command -v python3))
+PYTHON37 ?= $(call find_python,python3.7 $(shell ls -d $(PYENV_ROOT)/versions/3.7.*/bin/python 2>/dev/null | sort -rV),3.7)
+
+PIP_FLAGS ?= -q
+PYTEST_ARGS ?=
+EXT_SOURCES := $(wildcard cpprb_ray/*.pyx cpprb_ray/*.pxd)
+EXTENSIONS := _segtree _sync _store
+IMPORT_EXTENSIONS := import cpprb_ray._segtree, cpprb_ray._sync, cpprb_ray._store
+
+# Everything (but Python itself) that CI needs, pinned for CPython 3.7.
+PY37_DEPS := "cython>=3.0,<3.1" "numpy>=1.21,<1.22" "ray==2.7.2" pytest hypothesis cloudpickle
+
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PIP_NO_INPUT := 1
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: help venv test test-debug test37 venv37 wheel-check demo lint clean distclean
+
+help:
+	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
+
+# ---------------------------------------------------------------------------------------------
+# .venv: Python 3.11, editable install with the extensions built in place.
+# Dependencies are reinstalled when pyproject.toml / setup.py change; the extensions are rebuilt
+# (incrementally, with the venv's own Cython) when a .pyx / .pxd changes or a .so went missing.
+
+.venv/.deps: pyproject.toml setup.py
+	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
+	@echo "== .venv: $(PYTHON) ($$($(PYTHON) -V 2>&1))"
+	test -x .venv/bin/python || $(PYTHON) -m venv .venv
+	.venv/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel "Cython>=3.1"
+	.venv/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation -e '.[test,ray,dev]'
+	.venv/bin/python -m pip install $(PIP_FLAGS) cpprb \
+	    || echo "warning: cpprb did not install; API parity tests and comparisons will skip" >&2
+	touch $@
+
+.venv/.built: .venv/.deps $(EXT_SOURCES)
+	.venv/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation --no-deps -e .
+	touch $@
+
+venv: .venv/.built
+	@.venv/bin/python -c '$(IMPORT_EXTENSIONS)' 2>/dev/null || { \
+	    echo "== extension modules missing: rebuilding in place"; \
+	    .venv/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation --no-deps -e .; \
+	    .venv/bin/python -c '$(IMPORT_EXTENSIONS)'; }
+
+test: venv
+	.venv/bin/python -m pytest -q $(PYTEST_ARGS)
+
+demo: venv
+	@test -f benchmarks/bench_segtree.py \
+	    || { echo "error: benchmarks/bench_segtree.py does not exist yet" >&2; exit 1; }
+	.venv/bin/python benchmarks/bench_segtree.py --quick
+
+lint: venv
+	.venv/bin/ruff check cpprb_ray
+	.venv/bin/mypy cpprb_ray
+
+# ---------------------------------------------------------------------------------------------
+# Debug build: CPPRB_RAY_DEBUG=1 (boundscheck, wraparound, initializedcheck, -O0 -g -UNDEBUG),
+# made and tested in a fresh copy of the working tree (tracked plus untracked, not ignored files)
+# so that no debug .so can ever land in the main checkout.
+
+DEBUG_SRC := .venv-debug/src
+
+.venv-debug/.deps: pyproject.toml setup.py
+	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
+	rm -rf .venv-debug
+	$(PYTHON) -m venv .venv-debug
+	.venv-debug/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel "Cython>=3.1"
+	.venv-debug/bin/python -m pip install $(PIP_FLAGS) numpy pytest hypothesis cloudpickle
+	touch $@
+
+test-debug: .venv-debug/.deps
+	rm -rf $(DEBUG_SRC) && mkdir -p $(DEBUG_SRC)
+	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	    git ls-files -z --cached --others --exclude-standard \
+	        | tar --null --files-from=- --ignore-failed-read -cf - 2>/dev/null \
+	        | tar -xf - -C $(DEBUG_SRC); \
+	else \
+	    tar --exclude='./.venv*' --exclude=./build --exclude=./dist --exclude='*.so' \
+	        --exclude='*.c' --exclude=./.git -cf - . | tar -xf - -C $(DEBUG_SRC); \
+	fi
+	cd $(DEBUG_SRC) && CPPRB_RAY_DEBUG=1 ../bin/python -m pip install $(PIP_FLAGS) \
+	    --no-build-isolation --no-deps -e .
+	@cd $(DEBUG_SRC) && tests="$$(ls tests/test_segtree.py tests/test_sync.py 2>/dev/null || true)"; \
+	    if [ ! -f tests/test_sync.py ]; then \
+	        echo "warning: tests/test_sync.py does not exist (yet)" >&2; fi; \
+	    if [ -z "$$tests" ]; then tests="$$(ls tests/test_segtree*.py 2>/dev/null || true)"; fi; \
+	    if [ -z "$$tests" ]; then \
+	        echo "error: test-debug found no tests/test_segtree*.py or tests/test_sync.py" >&2; \
+	        exit 1; fi; \
+	    ls build/debug/cython-*/cpprb_ray/_segtree.c >/dev/null \
+	        || { echo "error: no debug build under $(DEBUG_SRC)/build/debug" >&2; exit 1; }; \
+	    echo "== debug build; running:" $$tests; \
+	    ../bin/python -m pytest -q $(PYTEST_ARGS) $$tests
+
+# ---------------------------------------------------------------------------------------------
+# CPython 3.7: Cython 3.0.x, numpy 1.21, ray 2.7.2. The package is installed with build isolation,
+# so pyproject.toml's [build-system] requires are resolved for 3.7 on every run (setuptools 68,
+# Cython <3.1). Its cpython-37m .so files sit in place beside the 3.11 ones.
+
+.venv37/.deps: pyproject.toml setup.py
+	@test -n "$(PYTHON37)" || { echo "error: no CPython 3.7 found (pyenv install 3.7)" >&2; exit 1; }
+	@echo "== .venv37: $(PYTHON37) ($$($(PYTHON37) -V 2>&1))"
+	rm -rf .venv37
+	$(PYTHON37) -m venv .venv37
+	.venv37/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel
+	.venv37/bin/python -m pip install $(PIP_FLAGS) $(PY37_DEPS)
+	touch $@
+
+.venv37/.built: .venv37/.deps $(EXT_SOURCES)
+	.venv37/bin/python -m pip install $(PIP_FLAGS) --no-deps -e .
+	touch $@
+
+venv37: .venv37/.built
+	@.venv37/bin/python -c '$(IMPORT_EXTENSIONS)' 2>/dev/null || { \
+	    echo "== 3.7 extension modules missing: rebuilding in place"; \
+	    .venv37/bin/python -m pip install $(PIP_FLAGS) --no-deps -e .; \
+	    .venv37/bin/python -c '$(IMPORT_EXTENSIONS)'; }
+
+test37: venv37
+	.venv37/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# ---------------------------------------------------------------------------------------------
+# sdist, then the wheel built FROM that sdist (python -m build's default), into dist/; then a
+# fresh venv without Cython installs the wheel and smoke-tests it from outside the checkout.
+
+wheel-check:
+	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
+	rm -rf .venv-wheel dist
+	$(PYTHON) -m venv .venv-wheel
+	.venv-wheel/bin/python -m pip install $(PIP_FLAGS) -U pip build
+	.venv-wheel/bin/python -m build --outdir dist .
+	.venv-wheel/bin/python -m pip install $(PIP_FLAGS) dist/*.whl
+	cd "$$(mktemp -d)" && $(CURDIR)/.venv-wheel/bin/python $(CURDIR)/.ci/wheel_check.py smoke
+	.venv-wheel/bin/python .ci/wheel_check.py contents dist
+
+# ---------------------------------------------------------------------------------------------
+
+clean:
+	rm -rf build dist *.egg-info .venv-debug .venv-wheel .pytest_cache .hypothesis \
+	    .mypy_cache .ruff_cache .venv/.built .venv37/.built
+	rm -f $(foreach e,$(EXTENSIONS),cpprb_ray/$(e).c cpprb_ray/$(e).html cpprb_ray/$(e).*.so)
+	find cpprb_ray tests benchmarks -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
+
+distclean: clean
+	rm -rf .venv .venv37
