@@ -1,0 +1,317 @@
+"""Benchmark: cpprb_ray's 8-ary segment tree against RLlib's pure-Python segment trees.
+
+Run from the repository root (after ``python setup.py build_ext --inplace``, or with cpprb_ray
+installed)::
+
+    python benchmarks/bench_segtree.py            # full run
+    python benchmarks/bench_segtree.py --quick    # fewer repeats
+    python benchmarks/bench_segtree.py --json results.json
+
+Both sides do the work one prioritized-replay step does with 256 items, at 2**10, 2**17, 2**20
+and 2**22 leaves, all leaves holding a priority:
+
+set(256)
+    ours: ``tree.set(indices, values)`` (sum and min in one call). RLlib: ``sum_tree[i] = v`` and
+    ``min_tree[i] = v`` for each of the 256 items, as its PrioritizedReplayBuffer does.
+sample(256)
+    ours: ``tree.sample(256, rng)``, stratified. RLlib: 256 stratified masses
+    ``(k + random.random()) * total / 256`` and ``find_prefixsum_idx(mass)`` for each. (RLlib's
+    own ``_sample_proportional`` draws independent masses and calls ``sum()`` once per item on
+    top; computing the total once makes RLlib faster here, so the speedups are conservative.)
+
+Every call gets fresh random indices/values; the median over repeats of the mean per call is
+reported. RLlib's find_prefixsum_idx asserts on each call; it is measured as shipped (run without
+``python -O``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import glob
+import importlib
+import json
+import mmap
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+EXPONENTS = (10, 17, 20, 22)
+BATCH = 256
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Calls timed together per side (ours take microseconds, RLlib's milliseconds), and rounds.
+FULL = {"ours": 200, "rllib": 4, "rounds": 31}
+QUICK = {"ours": 50, "rllib": 2, "rounds": 5}
+
+
+def import_targets():
+    """Return (cpprb_ray._segtree, RLlib's segment_tree module).
+
+    A cpprb_ray built in place in this checkout is preferred to an installed one, so that the
+    benchmark measures the working tree it sits in.
+    """
+    if glob.glob(os.path.join(REPO_ROOT, "cpprb_ray", "_segtree*.so")):
+        sys.path.insert(0, REPO_ROOT)
+    if __package__:
+        loader = importlib.import_module(f"{__package__}._rllib_tree")
+    else:  # run as a script: this file's folder is sys.path[0]
+        loader = importlib.import_module("_rllib_tree")
+    return importlib.import_module("cpprb_ray._segtree"), loader.load_rllib_segment_tree()
+
+
+def machine() -> str:
+    """The CPU model, as ``lscpu | grep 'Model name'`` reports it."""
+    try:
+        output = subprocess.run(
+            ["lscpu"], capture_output=True, text=True, check=True, env={"LC_ALL": "C"}
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or platform.machine()
+    for line in output.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+# ---------------------------------------------------------------------------------------------
+# Filling RLlib's trees
+
+
+def rllib_levels(leaves: np.ndarray, reduce) -> list:
+    """RLlib's internal ``value`` list for these leaves, built bottom-up with numpy.
+
+    RLlib keeps a binary heap in one list of 2 * capacity entries: leaves in the second half,
+    node i = op(node 2i, node 2i + 1), entry 0 unused. Filling 2**22 leaves through
+    ``tree[i] = v`` would take minutes of Python; this computes the very same values (the same
+    pairwise operations) in well under a second.
+    """
+    capacity = leaves.size
+    value = np.empty(2 * capacity)
+    value[capacity:] = leaves
+    width = capacity // 2
+    while width >= 1:
+        value[width : 2 * width] = reduce(value[2 * width : 4 * width : 2],
+                                          value[2 * width + 1 : 4 * width : 2])
+        width //= 2
+    value[0] = value[1]  # unused by RLlib; any float keeps the list homogeneous
+    return value.tolist()
+
+
+def fill_rllib(rllib, leaves: np.ndarray):
+    """RLlib (sum tree, min tree) holding `leaves`."""
+    capacity = leaves.size
+    sum_tree, min_tree = rllib.SumSegmentTree(capacity), rllib.MinSegmentTree(capacity)
+    sum_tree.value = rllib_levels(leaves, np.add)
+    min_tree.value = rllib_levels(leaves, np.minimum)
+    return sum_tree, min_tree
+
+
+def check_fill(rllib) -> None:
+    """The numpy fill equals filling through RLlib's own __setitem__ (on a small tree)."""
+    leaves = np.random.default_rng(1).uniform(0.1, 10.0, size=64)
+    sum_fast, min_fast = fill_rllib(rllib, leaves)
+    sum_slow, min_slow = rllib.SumSegmentTree(64), rllib.MinSegmentTree(64)
+    for index, value in enumerate(leaves.tolist()):
+        sum_slow[index] = value
+        min_slow[index] = value
+    assert sum_fast.value[1:] == sum_slow.value[1:], "numpy fill differs from RLlib's sums"
+    assert min_fast.value[1:] == min_slow.value[1:], "numpy fill differs from RLlib's mins"
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def interleaved_times(runs: dict, rounds: int) -> dict:
+    """Seconds per call of each ``runs[key] = (run_batch, number)``, one list entry per round.
+
+    Each round times every run once, in turn, so that a burst of load from other processes on a
+    shared machine hits ours and RLlib's alike instead of one side's whole series. The garbage
+    collector is off while timing, as in timeit: RLlib's 8M-entry lists would otherwise be
+    traversed by whichever call happens to trigger a collection.
+    """
+    for run_batch, _ in runs.values():
+        run_batch(1)  # warm caches and any lazy initialization
+    times = {key: [] for key in runs}
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for key, (run_batch, number) in runs.items():
+                start = time.perf_counter()
+                run_batch(number)
+                times[key].append((time.perf_counter() - start) / number)
+    finally:
+        if enabled:
+            gc.enable()
+    return times
+
+
+def bench_capacity(segtree, rllib, exponent: int, plan: dict, seed: int) -> dict:
+    capacity = 2**exponent
+    rng = np.random.default_rng(seed + exponent)
+    leaves = rng.uniform(0.1, 10.0, size=capacity)
+
+    # Ours, in page-aligned memory like a shared-memory segment.
+    memory = mmap.mmap(-1, segtree.SegmentTree.nbytes(capacity))
+    tree = segtree.SegmentTree(memory, capacity)
+    tree.set(np.arange(capacity), leaves)
+    sum_tree, min_tree = fill_rllib(rllib, leaves)
+    assert abs(tree.total() - sum_tree.sum()) <= 1e-9 * tree.total()
+    assert tree.min() == min_tree.min()
+
+    our_number, rllib_number = plan["ours"], plan["rllib"]
+    # Fresh indices and priorities for every call, generated before timing.
+    calls = max(our_number, rllib_number) + 1
+    set_indices = rng.integers(0, capacity, size=(calls, BATCH))
+    set_values = rng.uniform(0.1, 10.0, size=(calls, BATCH))
+    set_lists = [
+        (set_indices[k].tolist(), set_values[k].tolist()) for k in range(rllib_number + 1)
+    ]
+
+    def ours_set(number):
+        for k in range(number):
+            tree.set(set_indices[k], set_values[k])
+
+    def rllib_set(number):
+        for k in range(number):
+            indices, values = set_lists[k]
+            for index, value in zip(indices, values):
+                sum_tree[index] = value
+                min_tree[index] = value
+
+    generator = segtree.Random(seed)
+
+    def ours_sample(number):
+        for _ in range(number):
+            tree.sample(BATCH, generator)
+
+    uniform = random.Random(seed).random
+
+    def rllib_sample(number):
+        for _ in range(number):
+            stratum = sum_tree.sum() / BATCH
+            [sum_tree.find_prefixsum_idx((k + uniform()) * stratum) for k in range(BATCH)]
+
+    times = interleaved_times(
+        {
+            "ours_set": (ours_set, our_number),
+            "rllib_set": (rllib_set, rllib_number),
+            "ours_sample": (ours_sample, our_number),
+            "rllib_sample": (rllib_sample, rllib_number),
+        },
+        plan["rounds"],
+    )
+    result = {"capacity": capacity, "exponent": exponent}
+    for key, series in times.items():
+        result[f"{key}_us"] = 1e6 * statistics.median(series)  # what the table shows
+        result[f"{key}_min_us"] = 1e6 * min(series)  # the least disturbed round, for reference
+    result["set_speedup"] = result["rllib_set_us"] / result["ours_set_us"]
+    result["sample_speedup"] = result["rllib_sample_us"] / result["ours_sample_us"]
+    tree.release()
+    memory.close()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def table(results: list) -> str:
+    """Markdown table: median (min) µs per call of 256 items; speedup = RLlib / ours medians."""
+    header = (
+        "| capacity | ours set µs | rllib set µs | set speedup "
+        "| ours sample µs | rllib sample µs | sample speedup |"
+    )
+    lines = [header, "|" + "---:|" * 7]
+
+    def cell(r, key, digits):
+        return f"{r[key + '_us']:.{digits}f} ({r[key + '_min_us']:.{digits}f})"
+
+    for r in results:
+        lines.append(
+            f"| 2^{r['exponent']} | {cell(r, 'ours_set', 1)} | {cell(r, 'rllib_set', 0)} "
+            f"| {r['set_speedup']:.0f}x | {cell(r, 'ours_sample', 1)} "
+            f"| {cell(r, 'rllib_sample', 0)} | {r['sample_speedup']:.0f}x |"
+        )
+    return "\n".join(lines)
+
+
+def summary(results: list) -> list:
+    """The scaling line and the issue's two targets, computed from `results`."""
+    by_exponent = {r["exponent"]: r for r in results}
+    lines = []
+    if 10 in by_exponent and 22 in by_exponent:
+        ratio = by_exponent[22]["ours_sample_us"] / by_exponent[10]["ours_sample_us"]
+        of_minima = by_exponent[22]["ours_sample_min_us"] / by_exponent[10]["ours_sample_min_us"]
+        lines.append(f"ours sample(256) at 2^22 / at 2^10 = {ratio:.2f} (of the minima: "
+                     f"{of_minima:.2f})")
+        lines.append(f"target sample(256) at 2^22 <= 2x its cost at 2^10: "
+                     f"{'met' if ratio <= 2.0 else 'NOT met'}")
+    if 20 in by_exponent:
+        r = by_exponent[20]
+        speedup = r["sample_speedup"]
+        of_minima = r["rllib_sample_min_us"] / r["ours_sample_min_us"]
+        lines.append(f"target sample(256) at 2^20 >= 100x faster than RLlib: "
+                     f"{'met' if speedup >= 100.0 else 'NOT met'} ({speedup:.0f}x; of the "
+                     f"minima: {of_minima:.0f}x)")
+    return lines
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--seed", type=int, default=0, help="seed of all random inputs")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    segtree, rllib = import_targets()
+    check_fill(rllib)
+    plan = QUICK if args.quick else FULL
+    started = time.perf_counter()
+    results = []
+    for exponent in EXPONENTS:
+        results.append(bench_capacity(segtree, rllib, exponent, plan, args.seed))
+        gc.collect()  # free RLlib's lists before building the next, larger ones
+        print(f"  2^{exponent} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+
+    import ray  # only for its version, once everything is measured
+
+    info = {
+        "machine": machine(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "ray": ray.__version__,
+        "rllib_segment_tree": rllib.__file__,
+        "command": " ".join(["python"] + sys.argv),
+        "quick": args.quick,
+        "plan": plan,
+        "batch": BATCH,
+        "load_average_1_5_15": os.getloadavg(),
+    }
+    print(f"machine: {info['machine']}; Python {info['python']}, numpy {info['numpy']}, "
+          f"ray {info['ray']}; {'quick' if args.quick else 'full'} run; load average "
+          f"{info['load_average_1_5_15'][0]:.2f}")
+    print("µs per call of 256 items, median (min) over rounds; speedup = RLlib / ours medians")
+    print(table(results))
+    for line in summary(results):
+        print(line)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"info": info, "results": results, "summary": summary(results)}, handle,
+                      indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
