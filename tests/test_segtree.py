@@ -555,6 +555,8 @@ INVALID_CALLS = [
     ("value-nan", lambda t: t.set([1, 3], [1.0, math.nan]), ValueError, "values"),
     ("value-inf", lambda t: t.set([1, 3], [math.inf, 1.0]), ValueError, "values"),
     ("value-negative", lambda t: t.set([1, 3], [1.0, -0.5]), ValueError, "values"),
+    # Finite, but 50 leaves of it would overflow the total to inf.
+    ("value-too-large", lambda t: t.set([1], [1e307]), ValueError, "values"),
     ("value-too-few", lambda t: t.set([1, 3, 5], [1.0, 2.0]), ValueError, "values"),
     ("value-too-many", lambda t: t.set([1], [1.0, 2.0]), ValueError, "values"),
     ("value-str", lambda t: t.set([1, 3], ["1", "2"]), TypeError, "values"),
