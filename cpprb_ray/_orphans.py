@@ -27,7 +27,7 @@ def _candidate_files() -> List[str]:
                 try:
                     if (entry.is_file(follow_symlinks=False)
                             and entry.stat(follow_symlinks=False).st_uid == os.getuid()
-                            and entry.stat(follow_symlinks=False).st_size >= _store.LAYOUT_OFFSET):
+                            and entry.stat(follow_symlinks=False).st_size >= _store.HEADER_NBYTES):
                         files.append(entry.path)
                 except OSError:
                     continue
