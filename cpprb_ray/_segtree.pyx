@@ -86,13 +86,11 @@ cdef inline void recompute_node(TreeView* view, int level, int64_t node) noexcep
     cdef int64_t first = view.offsets[level - 1] + (node << FANOUT_BITS)
     cdef const double* s = view.sums + first
     cdef const double* m = view.mins + first
-    # Summed left to right, exactly as tree_search accumulates its prefix sums: the last prefix
-    # then equals the node bit for bit, so a mass >= the node always takes the "past the end"
-    # branch (last positive child) instead of stopping early through rounding.
-    cdef double total = s[0]
+    # The same expression as the last prefix sum in prefix_sums(), so that prefix equals the node
+    # bit for bit and a mass >= the node always takes the "past the end" branch (last positive
+    # child) instead of stopping early through rounding.
+    cdef double total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
     cdef int c
-    for c in range(1, FANOUT):
-        total += s[c]
     cdef double low = m[0]
     for c in range(1, FANOUT):
         if m[c] < low:
@@ -156,6 +154,27 @@ cdef double tree_min(const TreeView* view) noexcept nogil:
     return view.mins[view.offsets[view.depth]]
 
 
+cdef inline void prefix_sums(const double* c, double* p) noexcept nogil:
+    """p[i] = c[0] + ... + c[i-1] for i in 0..8, as a parallel prefix (3 dependent additions
+    instead of 8). Each prefix adds a non-negative term to an earlier one, so the prefixes never
+    decrease, and a zero child leaves its prefix equal to its left neighbour's; p[8] is the
+    pairwise sum recompute_node stores in the parent."""
+    cdef double s01 = c[0] + c[1]
+    cdef double s23 = c[2] + c[3]
+    cdef double s45 = c[4] + c[5]
+    cdef double s67 = c[6] + c[7]
+    cdef double s0123 = s01 + s23
+    p[0] = 0.0
+    p[1] = c[0]
+    p[2] = s01
+    p[3] = s01 + c[2]
+    p[4] = s0123
+    p[5] = s0123 + c[4]
+    p[6] = s0123 + s45
+    p[7] = s0123 + (s45 + c[6])
+    p[8] = s0123 + (s45 + s67)
+
+
 cdef void tree_search(const TreeView* view, double* masses, int64_t* out,
                       int64_t count) noexcept nogil:
     """Prefix-sum search for a batch; `masses` is used as scratch and overwritten.
@@ -185,11 +204,10 @@ cdef void tree_search(const TreeView* view, double* masses, int64_t* out,
             mass = masses[k]
             # Branch-free: the chosen child is the number of prefix sums <= mass. A zero child
             # has the same prefix as its left neighbour, so it can never be the one chosen.
-            prefix[0] = 0.0
+            prefix_sums(children, prefix)
             chosen = 0
-            for c in range(FANOUT):
-                prefix[c + 1] = prefix[c] + children[c]
-                chosen += prefix[c + 1] <= mass
+            for c in range(1, FANOUT + 1):
+                chosen += prefix[c] <= mass
             if chosen == FANOUT:
                 # Rounding left more mass than this node holds: go to the last positive child
                 # and keep going right-most below it.
