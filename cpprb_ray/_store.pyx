@@ -299,6 +299,7 @@ cdef class ReplayStore:
     cdef readonly bint prioritized
     cdef pid_t rng_pid            # process the sampler was seeded in
     cdef double max_weight        # largest leaf weight such that the total cannot overflow
+    cdef double max_base          # largest p + eps whose weight stays within max_weight
     cdef int active               # threads of this process inside a kernel on this store
     cdef bint closing
     # For the fast add path: what each column accepts without numpy's help.
@@ -328,6 +329,10 @@ cdef class ReplayStore:
         self.capacity = self.header.capacity
         self.prioritized = self.header.prioritized != 0
         self.max_weight = DBL_MAX / (2.0 * self.capacity)
+        # (p + eps) ** alpha <= max_weight  <=>  p + eps <= max_weight ** (1 / alpha); inf when
+        # no finite base can exceed it. Rounded down a little so pow() rounding cannot slip by.
+        self.max_base = (INFINITY if self.header.alpha <= 0.0 else
+                         pow(self.max_weight, 1.0 / self.header.alpha) * (1.0 - 1e-12))
         tree_bind(&self.tree, <double*>(self.base + self.header.tree_offset), self.capacity)
         self.rows = self.base + self.header.rows_offset
         self.stride = self.header.row_stride
@@ -395,26 +400,38 @@ cdef class ReplayStore:
         """Raise ValueError naming `name` unless every float64 priority is finite, >= 0 and small
         enough that its weight (p + eps) ** alpha keeps the tree's total finite."""
         cdef const double[::1] view = priorities
-        cdef int64_t k, bad = -1
-        cdef double alpha = self.header.alpha, eps = self.header.eps
-        cdef double weight
+        cdef int64_t bad = -1
         cdef bint overflow = False
-        with nogil:
-            for k in range(view.shape[0]):
-                if not (view[k] >= 0.0 and view[k] <= DBL_MAX):
-                    bad = k
-                    break
-                weight = leaf_weight(view[k], alpha, eps)
-                if not weight <= self.max_weight:
-                    bad = k
-                    overflow = True
-                    break
+        if view.shape[0]:
+            with nogil:
+                bad = self.weigh(&view[0], NULL, view.shape[0], &overflow)
         if bad >= 0 and overflow:
             raise ValueError(f"{name} must keep (p + eps) ** alpha <= {self.max_weight:.3g} (so "
                              f"the total of {self.capacity} rows stays finite); got {view[bad]} "
                              f"at position {bad}")
         if bad >= 0:
             raise ValueError(f"{name} must be finite and >= 0; got {view[bad]} at position {bad}")
+
+    cdef int64_t weigh(self, const double* priorities, double* weights, int64_t count,
+                       bint* overflow) noexcept nogil:
+        """Check priorities (finite, >= 0, weight within max_weight) and, when `weights` is
+        given, compute their leaf weights; the position of the first bad one, or -1.
+
+        The bound is checked on p + eps against max_weight ** (1 / alpha), precomputed, so
+        validating costs no pow(); the weights are computed here, outside the lock."""
+        cdef int64_t k
+        cdef double base
+        for k in range(count):
+            base = priorities[k] + self.header.eps
+            if not (priorities[k] >= 0.0 and base <= DBL_MAX):
+                overflow[0] = False
+                return k
+            if not base <= self.max_base:
+                overflow[0] = True
+                return k
+            if weights != NULL:
+                weights[k] = leaf_weight(priorities[k], self.header.alpha, self.header.eps)
+        return -1
 
     cdef int _enter(self) except -1:
         # Called with the GIL held, like _leave and release(), so a plain counter is enough.
@@ -517,6 +534,8 @@ cdef class ReplayStore:
         cdef double weight, priority, max_priority = h.max_priority
         cdef uint8_t* row
         cdef uint64_t* generation
+        if priorities == NULL:
+            weight = leaf_weight(max_priority, h.alpha, h.eps)   # the same for every new row
         # 1. Say what we are about to do, so a repairer can undo it.
         h.pending_start = start
         h.pending_count = written
@@ -536,8 +555,8 @@ cdef class ReplayStore:
                 rb = self.row_bytes[c]
                 copy_row(row + self.columns[c], sources[c] + (skipped + k) * rb, rb)
             if self.prioritized:
-                priority = max_priority if priorities == NULL else priorities[skipped + k]
-                weight = leaf_weight(priority, h.alpha, h.eps)
+                if priorities != NULL:
+                    weight = leaf_weight(priorities[skipped + k], h.alpha, h.eps)
                 self.tree.sums[slot] = weight
                 self.tree.mins[slot] = weight if weight > 0.0 else INFINITY
         if self.prioritized:
@@ -862,7 +881,8 @@ cdef class ReplayStore:
     # -- update -----------------------------------------------------------------------------------
 
     cdef int64_t update_locked(self, const int64_t* indexes, const double* priorities,
-                               const uint64_t* generations, int64_t count) noexcept nogil:
+                               const double* weights, const uint64_t* generations,
+                               int64_t count) noexcept nogil:
         cdef Header* h = self.header
         cdef int64_t k, index, applied = 0, stored = h.stored_size
         cdef double weight, max_priority = h.max_priority
@@ -878,7 +898,7 @@ cdef class ReplayStore:
                 continue          # cleared since validation, or torn by a dead writer
             if generations != NULL and self.generation(index)[0] != generations[k]:
                 continue          # overwritten since it was sampled
-            weight = leaf_weight(priorities[k], h.alpha, h.eps)
+            weight = weights[k]
             self.tree.sums[index] = weight
             self.tree.mins[index] = weight if weight > 0.0 else INFINITY
             if priorities[k] > max_priority:
@@ -924,13 +944,23 @@ cdef class ReplayStore:
         if bad >= 0:
             raise IndexError(f"indexes must be in [0, stored size {stored}); got "
                              f"{index_view[bad]} at position {bad}")
-        self.check_priorities(priorities)
-        with nogil:
-            status = self.lock()
-            if status == 0:
-                applied = self.update_locked(&index_view[0], &priority_view[0],
-                                             generation_pointer, count)
-                self.unlock()
+        cdef double* weights = <double*>malloc(count * sizeof(double))
+        cdef bint overflow = False
+        if weights == NULL:
+            raise MemoryError()
+        try:
+            with nogil:
+                bad = self.weigh(&priority_view[0], weights, count, &overflow)
+            if bad >= 0:
+                self.check_priorities(priorities)  # raises the message for position `bad`
+            with nogil:
+                status = self.lock()
+                if status == 0:
+                    applied = self.update_locked(&index_view[0], &priority_view[0], weights,
+                                                 generation_pointer, count)
+                    self.unlock()
+        finally:
+            free(weights)
         if status:
             raise OSError(-status, "locking the buffer failed")
         return applied
