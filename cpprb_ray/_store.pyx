@@ -886,18 +886,28 @@ cdef class ReplayStore:
         cdef Header* h = self.header
         cdef int64_t k, index, applied = 0, stored = h.stored_size
         cdef double weight, max_priority = h.max_priority
-        # Ask for every record and leaf line first: the loop below then finds them in flight.
+        cdef uint64_t generation
+        # Ask for every leaf line (and record, when generations are checked) first: the loop
+        # below then finds them in flight.
         for k in range(count):
-            prefetch(self.rows + indexes[k] * self.stride)
             prefetch(self.tree.sums + indexes[k])
             prefetch(self.tree.mins + indexes[k])
+            if generations != NULL:
+                prefetch(self.rows + indexes[k] * self.stride)
         h.op = OP_UPDATE
         for k in range(count):
             index = indexes[k]
-            if index >= stored or self.generation(index)[0] & 1:
-                continue          # cleared since validation, or torn by a dead writer
-            if generations != NULL and self.generation(index)[0] != generations[k]:
-                continue          # overwritten since it was sampled
+            if index >= stored:
+                continue          # cleared since validation
+            if generations != NULL:
+                generation = self.generation(index)[0]
+                if generation & 1 or generation != generations[k]:
+                    continue      # torn by a dead writer, or overwritten since it was sampled
+            elif (self.tree.sums[index] == 0.0 and self.tree.mins[index] == INFINITY
+                  and self.generation(index)[0] & 1):
+                # A torn slot always has an unset leaf, so only such leaves need the record
+                # read (one cache miss each) to tell torn rows from rows of weight 0.
+                continue
             weight = weights[k]
             self.tree.sums[index] = weight
             self.tree.mins[index] = weight if weight > 0.0 else INFINITY
