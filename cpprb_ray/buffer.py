@@ -22,6 +22,11 @@ __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+_INT64 = np.dtype(np.int64)
+_FLOAT32 = np.dtype(np.float32)
+_UINT64 = np.dtype(np.uint64)
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
 
 def _cleanup(segment: _memory.Segment, owner_pid: int) -> None:
     """Finalizer of an owner handle that was never closed: free the segment's name.
@@ -145,6 +150,7 @@ class ReplayBuffer:
                                          [c.dtype for c in layout.columns],
                                          [c.shape for c in layout.columns])
         self._column_order = tuple(c.name for c in layout.columns)
+        self._outputs = tuple((c.name, c.shape, c.dtype) for c in layout.columns)
         self._owner = owner
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
@@ -322,18 +328,20 @@ class ReplayBuffer:
     # -- sample -------------------------------------------------------------------------------
 
     def _check_batch(self, batch_size: Any) -> int:
-        batch = _as_count(batch_size, "batch_size")
-        if batch <= 0:
-            raise ValueError(f"batch_size must be > 0; got {batch}")
-        return batch
+        if type(batch_size) is not int:  # the common case skips the general checks
+            batch_size = _as_count(batch_size, "batch_size")
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0; got {batch_size}")
+        return batch_size
 
     def _sample(self, batch: int, beta: float) -> Dict[str, np.ndarray]:
-        outputs = [np.empty((batch,) + c.shape, dtype=c.dtype) for c in self._columns]
-        indexes = np.empty(batch, dtype=np.int64)
-        weights = np.empty(batch, dtype=np.float32)
-        generations = np.empty(batch, dtype=np.uint64)
-        self._store.sample(batch, beta, outputs, indexes, weights, generations)
-        result = {c.name: out for c, out in zip(self._columns, outputs)}
+        # Fresh arrays every call (never views of the segment or of reused scratch memory).
+        empty = np.empty
+        result = {name: empty((batch,) + shape, dtype) for name, shape, dtype in self._outputs}
+        indexes = empty(batch, _INT64)
+        weights = empty(batch, _FLOAT32)
+        generations = empty(batch, _UINT64)
+        self._store.sample(batch, beta, list(result.values()), indexes, weights, generations)
         result["indexes"] = indexes
         result["weights"] = weights
         result["generations"] = generations
@@ -456,9 +464,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         "generations" (uint64, for :meth:`update_priorities`). Raises ValueError when empty.
         """
         batch = self._check_batch(batch_size)
-        beta = _as_real(beta, "beta")
-        if beta < 0:
-            raise ValueError(f"beta must be >= 0; got {beta}")
+        if type(beta) is not float or not 0.0 <= beta <= _FLOAT_MAX:
+            beta = _as_real(beta, "beta")
+            if beta < 0:
+                raise ValueError(f"beta must be >= 0; got {beta}")
         return self._sample(batch, beta)
 
     def update_priorities(self, indexes: Any, priorities: Any,
