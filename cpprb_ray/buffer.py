@@ -194,22 +194,7 @@ class ReplayBuffer:
         1 False
         """
         backend, location = _memory.locate(name_or_path)
-        segment = _memory.attach(backend, location)
-        try:
-            header, layout = _layout.read(segment.memory, segment.size, location)
-            if layout.prioritized != cls._prioritized and cls is not ReplayBuffer:
-                kind = "prioritized" if layout.prioritized else "uniform"
-                raise ValueError(f"{location!r} is a {kind} buffer; attach it with "
-                                 f"cpprb_ray.attach()")
-            target = PrioritizedReplayBuffer if layout.prioritized else ReplayBuffer
-            if not issubclass(target, cls):
-                target = cls
-            handle = target.__new__(target)
-            handle._bind(segment, layout, owner=False, seed=seed)
-            return handle
-        except BaseException:
-            segment.close()
-            raise
+        return _open_view(cls, backend, location, seed)
 
     def __reduce__(self):
         # Only what re-attaching needs: a few hundred bytes whatever the buffer's size.
@@ -519,16 +504,30 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return float(self._store.max_priority)
 
 
-def _reattach(cls: Type[ReplayBuffer], backend: str, location: str) -> ReplayBuffer:
+def _open_view(cls: Type[ReplayBuffer], backend: str, location: str,
+               seed: Optional[int]) -> ReplayBuffer:
+    """Map an existing segment and bind a view handle of the buffer's own kind to it."""
     segment = _memory.attach(backend, location)
     try:
         header, layout = _layout.read(segment.memory, segment.size, location)
-        handle = cls.__new__(cls)
-        handle._bind(segment, layout, owner=False, seed=None)
+        if layout.prioritized != cls._prioritized and cls is not ReplayBuffer:
+            kind = "prioritized" if layout.prioritized else "uniform"
+            raise ValueError(f"{location!r} is a {kind} buffer; attach it with "
+                             f"cpprb_ray.attach()")
+        target = PrioritizedReplayBuffer if layout.prioritized else ReplayBuffer
+        if not issubclass(target, cls):
+            target = cls
+        handle = target.__new__(target)
+        handle._bind(segment, layout, owner=False, seed=seed)
         return handle
     except BaseException:
         segment.close()
         raise
+
+
+def _reattach(cls: Type[ReplayBuffer], backend: str, location: str) -> ReplayBuffer:
+    """Unpickling: a view of the segment, with a fresh sampler seed."""
+    return _open_view(cls, backend, location, None)
 
 
 def attach(name_or_path: PathLike, *, seed: Optional[int] = None) -> ReplayBuffer:
