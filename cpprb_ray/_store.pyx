@@ -819,6 +819,12 @@ cdef class ReplayStore:
         for line in range(0, self.stride, 64):
             prefetch(row + line)
 
+    cdef inline void prefetch_update(self, int64_t index, bint record) noexcept nogil:
+        prefetch(self.tree.sums + index)
+        prefetch(self.tree.mins + index)
+        if record:
+            prefetch(self.rows + index * self.stride)
+
     cdef inline uint64_t* generation(self, int64_t slot) noexcept nogil:
         return <uint64_t*>(self.rows + slot * self.stride)
 
@@ -887,15 +893,14 @@ cdef class ReplayStore:
         cdef int64_t k, index, applied = 0, stored = h.stored_size
         cdef double weight, max_priority = h.max_priority
         cdef uint64_t generation
-        # Ask for every leaf line (and record, when generations are checked) first: the loop
-        # below then finds them in flight.
-        for k in range(count):
-            prefetch(self.tree.sums + indexes[k])
-            prefetch(self.tree.mins + indexes[k])
-            if generations != NULL:
-                prefetch(self.rows + indexes[k] * self.stride)
+        # Software pipelining: ask for the leaf lines (and the record, when generations are
+        # checked) of the entry GATHER_AHEAD places ahead, so several misses are in flight.
+        for k in range(min(count, GATHER_AHEAD)):
+            self.prefetch_update(indexes[k], generations != NULL)
         h.op = OP_UPDATE
         for k in range(count):
+            if k + GATHER_AHEAD < count:
+                self.prefetch_update(indexes[k + GATHER_AHEAD], generations != NULL)
             index = indexes[k]
             if index >= stored:
                 continue          # cleared since validation
