@@ -30,7 +30,7 @@ the generation it sampled is dropped once the slot was overwritten.
 """
 
 cimport cython
-from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE,
+from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE,
                              PyBuffer_Release, PyObject_GetBuffer)
 from libc.float cimport DBL_MAX
 from libc.math cimport INFINITY, floor, pow, powf
@@ -38,7 +38,7 @@ from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from posix.types cimport pid_t
 from posix.unistd cimport getpid
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memset, strchr
 
 from cpprb_ray._segtree cimport (TreeView, Xoshiro256, rng_seed, rng_uniform, tree_bind,
                                  tree_clear_all, tree_doubles, tree_min, tree_rebuild,
@@ -231,6 +231,16 @@ def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps,
         memcpy(header.magic, CPPRB_RAY_MAGIC, 8)
     finally:
         PyBuffer_Release(&view)
+
+
+cdef bint _is_format(const Py_buffer* view, const char* codes) noexcept:
+    """An 8-byte item whose struct format code (after any byte-order mark) is one of `codes`."""
+    cdef const char* fmt = view.format
+    if view.itemsize != 8 or fmt == NULL:
+        return False
+    if fmt[0] in b"@=<":
+        fmt += 1
+    return fmt[0] != 0 and fmt[1] == 0 and strchr(codes, fmt[0]) != NULL
 
 
 cdef int64_t first_out_of_range(const int64_t* values, int64_t count,
@@ -935,47 +945,66 @@ cdef class ReplayStore:
             self._leave()
 
     cdef object _update(self, indexes, priorities, generations=None):
-        cdef const int64_t[::1] index_view = indexes
-        cdef const double[::1] priority_view = priorities
-        cdef const uint64_t[::1] generation_view
+        # Raw buffer views (cheaper than typed memoryviews for three small arrays per call).
+        cdef Py_buffer index_buffer, priority_buffer, generation_buffer
+        cdef int held = 0
+        cdef int64_t count, stored, bad, applied = 0
+        cdef const int64_t* index_pointer
+        cdef const double* priority_pointer
         cdef const uint64_t* generation_pointer = NULL
-        cdef int64_t count = index_view.shape[0]
-        cdef int64_t applied = 0
-        cdef int status
-        if priority_view.shape[0] != count:
-            raise ValueError("indexes and priorities differ in length")
-        if generations is not None:
-            generation_view = generations
-            if generation_view.shape[0] != count:
-                raise ValueError("indexes and generations differ in length")
-            if count:
-                generation_pointer = &generation_view[0]
-        if count == 0:
-            return 0
-        cdef int64_t stored = self.header.stored_size
-        cdef int64_t bad
-        with nogil:
-            bad = first_out_of_range(&index_view[0], count, stored)
-        if bad >= 0:
-            raise IndexError(f"indexes must be in [0, stored size {stored}); got "
-                             f"{index_view[bad]} at position {bad}")
-        cdef double* weights = <double*>malloc(count * sizeof(double))
+        cdef double* weights = NULL
         cdef bint overflow = False
-        if weights == NULL:
-            raise MemoryError()
+        cdef int status = 0
         try:
+            PyObject_GetBuffer(indexes, &index_buffer, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+            held = 1
+            PyObject_GetBuffer(priorities, &priority_buffer, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+            held = 2
+            if not (_is_format(&index_buffer, b"lq") and _is_format(&priority_buffer, b"d")):
+                raise TypeError("indexes must be int64 and priorities float64")
+            count = index_buffer.len // 8
+            if priority_buffer.len != index_buffer.len:
+                raise ValueError("indexes and priorities differ in length")
+            if generations is not None:
+                PyObject_GetBuffer(generations, &generation_buffer,
+                                   PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                held = 3
+                if not _is_format(&generation_buffer, b"LQ"):
+                    raise TypeError("generations must be uint64")
+                if generation_buffer.len != index_buffer.len:
+                    raise ValueError("indexes and generations differ in length")
+                generation_pointer = <const uint64_t*>generation_buffer.buf
+            if count == 0:
+                return 0
+            index_pointer = <const int64_t*>index_buffer.buf
+            priority_pointer = <const double*>priority_buffer.buf
+            stored = self.header.stored_size
             with nogil:
-                bad = self.weigh(&priority_view[0], weights, count, &overflow)
+                bad = first_out_of_range(index_pointer, count, stored)
+            if bad >= 0:
+                raise IndexError(f"indexes must be in [0, stored size {stored}); got "
+                                 f"{index_pointer[bad]} at position {bad}")
+            weights = <double*>malloc(count * sizeof(double))
+            if weights == NULL:
+                raise MemoryError()
+            with nogil:
+                bad = self.weigh(priority_pointer, weights, count, &overflow)
             if bad >= 0:
                 self.check_priorities(priorities)  # raises the message for position `bad`
             with nogil:
                 status = self.lock()
                 if status == 0:
-                    applied = self.update_locked(&index_view[0], &priority_view[0], weights,
+                    applied = self.update_locked(index_pointer, priority_pointer, weights,
                                                  generation_pointer, count)
                     self.unlock()
         finally:
             free(weights)
+            if held >= 3:
+                PyBuffer_Release(&generation_buffer)
+            if held >= 2:
+                PyBuffer_Release(&priority_buffer)
+            if held >= 1:
+                PyBuffer_Release(&index_buffer)
         if status:
             raise OSError(-status, "locking the buffer failed")
         return applied

@@ -25,6 +25,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 _INT64 = np.dtype(np.int64)
 _FLOAT32 = np.dtype(np.float32)
 _UINT64 = np.dtype(np.uint64)
+_FLOAT64 = np.dtype(np.float64)
 _FLOAT_MAX = float(np.finfo(np.float64).max)
 
 
@@ -462,6 +463,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Every index must be below the stored size. With `generations` (from :meth:`sample`),
         entries whose slot was overwritten since it was sampled are skipped.
         """
+        if (type(indexes) is np.ndarray and type(priorities) is np.ndarray
+                and indexes.dtype is _INT64 and priorities.dtype is _FLOAT64
+                and indexes.ndim == 1 and priorities.shape == indexes.shape
+                and indexes.flags.c_contiguous and priorities.flags.c_contiguous
+                and (generations is None or (
+                    type(generations) is np.ndarray and generations.dtype is _UINT64
+                    and generations.shape == indexes.shape
+                    and generations.flags.c_contiguous))):
+            # Already what the store takes (as sample() returns them): no conversion.
+            return int(self._store.update(indexes, priorities, generations))
         index_array = indexes if type(indexes) is np.ndarray else np.asarray(indexes)
         if index_array.dtype.kind not in "iu":
             if not (index_array.size == 0 and index_array.dtype.kind == "f"):
