@@ -463,6 +463,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Every index must be below the stored size. With `generations` (from :meth:`sample`),
         entries whose slot was overwritten since it was sampled are skipped.
         """
+        if type(priorities) is np.ndarray and priorities.dtype is _FLOAT32:
+            priorities = priorities.astype(_FLOAT64)  # e.g. TD errors from a float32 network
         if (type(indexes) is np.ndarray and type(priorities) is np.ndarray
                 and indexes.dtype is _INT64 and priorities.dtype is _FLOAT64
                 and indexes.ndim == 1 and priorities.shape == indexes.shape
