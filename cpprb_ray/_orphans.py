@@ -107,7 +107,21 @@ def list_buffers() -> List[Dict[str, Any]]:
 
 
 def remove_buffer(name_or_path: str) -> bool:
-    """Unlink a buffer by name (shm) or path (mmap); True if it existed. Views keep working."""
+    """Unlink a buffer by name (shm) or path (mmap); True if it existed. Views keep working.
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer, remove_buffer
+    >>> rb = ReplayBuffer(4, {"obs": {}})
+    >>> _ = rb.add(obs=1.0)
+    >>> remove_buffer(rb.name)
+    True
+    >>> remove_buffer(rb.name)  # already gone
+    False
+    >>> rb.get_stored_size()  # the handle keeps working
+    1
+    >>> rb.close()
+    """
     backend, location = _memory.locate(name_or_path)
     path = _memory.file_of(backend, location)
     if not os.path.exists(path):
@@ -117,7 +131,16 @@ def remove_buffer(name_or_path: str) -> bool:
 
 
 def remove_orphans() -> List[str]:
-    """Unlink every buffer whose owner process is gone; returns their names."""
+    """Unlink every buffer whose owner process is gone; returns their names.
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer, remove_orphans
+    >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+    ...     removed = remove_orphans()
+    ...     print(isinstance(removed, list), rb.name in removed)  # a live owner's buffer stays
+    True False
+    """
     removed = []
     for entry in list_buffers():
         if not entry["owner_alive"]:

@@ -205,39 +205,113 @@ class ReplayBuffer:
 
     @property
     def name(self) -> str:
-        """The shm name ("shm") or file path ("mmap"); what :meth:`attach` takes."""
+        """The shm name ("shm") or file path ("mmap"); what :meth:`attach` takes.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {}}) as rb, ReplayBuffer.attach(rb.name) as view:
+        ...     print(view.name == rb.name)
+        True
+        """
         return self._segment.location
 
     @property
     def backend(self) -> str:
-        """"shm" or "mmap"."""
+        """"shm" or "mmap".
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {}}, backend="mmap") as rb:
+        ...     print(rb.backend)
+        mmap
+        """
         return self._segment.backend
 
     @property
     def is_owner(self) -> bool:
-        """True in the process that created the buffer (its close frees the memory)."""
+        """True in the process that created the buffer (its close frees the memory).
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {}}) as rb, ReplayBuffer.attach(rb.name) as view:
+        ...     print(rb.is_owner, view.is_owner)
+        True False
+        """
         return self._owner and os.getpid() == self._owner_pid
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` has been called on this handle.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> rb = ReplayBuffer(4, {"obs": {}})
+        >>> rb.closed
+        False
+        >>> rb.close()
+        >>> rb.closed
+        True
+        """
         return self._segment.closed
 
     @property
     def env_dict(self) -> Dict[str, Dict[str, Any]]:
+        """The columns, normalized: ``{key: {"shape": tuple, "dtype": numpy dtype}}``.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {"shape": 2}, "act": {"dtype": "int64"}}) as rb:
+        ...     print(rb.env_dict["obs"]["shape"], rb.env_dict["act"]["dtype"])
+        (2,) int64
+        """
         return {c.name: {"shape": c.shape, "dtype": c.dtype} for c in self._columns}
 
     def get_stored_size(self) -> int:
-        """Rows stored (at most the buffer size)."""
+        """Rows stored (at most the buffer size).
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(2, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+        ...     print(rb.get_stored_size())
+        2
+        """
         return int(self._store.stored_size)
 
     def get_buffer_size(self) -> int:
-        """Capacity in rows."""
+        """Capacity in rows.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+        ...     print(rb.get_buffer_size())
+        4
+        """
         if self._segment.closed:
             raise ValueError("operation on a closed buffer")
         return self._layout.capacity
 
     def get_next_index(self) -> int:
-        """Slot the next add writes first."""
+        """Slot the next add writes first.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+        ...     print(rb.get_next_index())
+        ...     _ = rb.add(obs=[4.0, 5.0])  # wraps around
+        ...     print(rb.get_next_index())
+        3
+        1
+        """
         return int(self._store.next_index)
 
     def __len__(self) -> int:
@@ -294,6 +368,15 @@ class ReplayBuffer:
         Every env_dict key is required and no other is accepted. A single transition may omit
         the batch axis. Values are cast to the column dtype where numpy's same_kind casting
         allows, else TypeError. When full, the oldest rows are overwritten.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {"shape": 2}, "done": {}}) as rb:
+        ...     print(rb.add(obs=[0.0, 1.0], done=0.0))  # one transition
+        ...     print(rb.add(obs=[[2, 3], [4, 5]], done=[0, 1]))  # a batch of two
+        0
+        1
         """
         first = self._try_add(columns)
         if first is not None:
@@ -338,6 +421,15 @@ class ReplayBuffer:
 
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
         (int64) and "generations" (uint64). Raises ValueError when the buffer is empty.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {"shape": 2}}, seed=0) as rb:
+        ...     _ = rb.add(obs=[[0.0, 1.0], [2.0, 3.0]])
+        ...     batch = rb.sample(5)
+        ...     print(sorted(batch), batch["obs"].shape, batch["indexes"].dtype)
+        ['generations', 'indexes', 'obs'] (5, 2) int64
         """
         result = self._sample(self._check_batch(batch_size), 0.0)
         del result["weights"]
@@ -346,14 +438,43 @@ class ReplayBuffer:
     # -- whole buffer -------------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Forget every row."""
+        """Forget every row.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=[1.0, 2.0])
+        ...     rb.clear()
+        ...     print(rb.get_stored_size())
+        0
+        """
         self._store.clear()
 
     def on_episode_end(self) -> None:
-        """Accepted for cpprb compatibility; episodes need no bookkeeping here."""
+        """Accepted for cpprb compatibility; episodes need no bookkeeping here.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=1.0)
+        ...     rb.on_episode_end()
+        ...     print(rb.get_stored_size())
+        1
+        """
 
     def get_all_transitions(self) -> Dict[str, np.ndarray]:
-        """Copies of every stored row, in slot order (rows torn by a crashed writer left out)."""
+        """Copies of every stored row, in slot order (rows torn by a crashed writer left out).
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+        ...     print(rb.get_all_transitions()["obs"].ravel())
+        [1. 2. 3.]
+        """
         room = self.get_stored_size()
         outputs = [np.empty((room,) + c.shape, dtype=c.dtype) for c in self._columns]
         indexes = np.empty(room, dtype=np.int64)
@@ -367,6 +488,20 @@ class ReplayBuffer:
         """Unmap this handle; the owner also frees the memory (views elsewhere keep working).
 
         Idempotent. A view's close never frees the memory.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> rb = ReplayBuffer(4, {"obs": {}})
+        >>> view = ReplayBuffer.attach(rb.name)
+        >>> rb.close()  # frees the name; the view keeps working
+        >>> _ = view.add(obs=1.0)
+        >>> view.get_stored_size()
+        1
+        >>> view.close()
+        >>> view.close()  # idempotent
+        >>> rb.closed, view.closed
+        (True, True)
         """
         with self._close_lock:
             if self._segment.closed:
@@ -432,6 +567,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
         Without `priorities`, new rows get the largest priority seen so far (1.0 at first).
         Priorities must be finite and >= 0, one per row.
+
+        Examples
+        --------
+        >>> from cpprb_ray import PrioritizedReplayBuffer
+        >>> with PrioritizedReplayBuffer(8, {"obs": {}}) as rb:
+        ...     print(rb.add(obs=[1.0, 2.0], priorities=[0.5, 3.0]))
+        ...     print(rb.add(obs=4.0), rb.get_max_priority())
+        0
+        2 3.0
         """
         if priorities is None:
             first = self._try_add(columns)
@@ -448,6 +592,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
         (int64), "weights" (float32, ``(N P(i))**-beta / max_j (N P(j))**-beta``) and
         "generations" (uint64, for :meth:`update_priorities`). Raises ValueError when empty.
+
+        Examples
+        --------
+        >>> from cpprb_ray import PrioritizedReplayBuffer
+        >>> with PrioritizedReplayBuffer(8, {"obs": {}}, seed=0) as rb:
+        ...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+        ...     batch = rb.sample(4, beta=0.5)
+        ...     weights = batch["weights"]
+        ...     print(batch["obs"].shape, weights.dtype, bool((weights <= 1).all()))
+        (4, 1) float32 True
         """
         batch = self._check_batch(batch_size)
         if type(beta) is not float or not 0.0 <= beta <= _FLOAT_MAX:
@@ -462,6 +616,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
         Every index must be below the stored size. With `generations` (from :meth:`sample`),
         entries whose slot was overwritten since it was sampled are skipped.
+
+        Examples
+        --------
+        >>> from cpprb_ray import PrioritizedReplayBuffer
+        >>> with PrioritizedReplayBuffer(2, {"obs": {}}, seed=0) as rb:
+        ...     _ = rb.add(obs=[1.0, 2.0])
+        ...     print(rb.update_priorities([0, 1], [0.1, 5.0]), rb.get_max_priority())
+        ...     batch = rb.sample(2)
+        ...     _ = rb.add(obs=[3.0, 4.0])  # overwrites both sampled rows
+        ...     print(rb.update_priorities(batch["indexes"], [9.0, 9.0], batch["generations"]))
+        2 5.0
+        0
         """
         if type(priorities) is np.ndarray and priorities.dtype is _FLOAT32:
             priorities = priorities.astype(_FLOAT64)  # e.g. TD errors from a float32 network
@@ -513,7 +679,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return int(self._store.update(index_array, priority_array, generation_array))
 
     def get_max_priority(self) -> float:
-        """The largest raw priority seen (1.0 before any was given)."""
+        """The largest raw priority seen (1.0 before any was given).
+
+        Examples
+        --------
+        >>> from cpprb_ray import PrioritizedReplayBuffer
+        >>> with PrioritizedReplayBuffer(4, {"obs": {}}) as rb:
+        ...     print(rb.get_max_priority())
+        ...     _ = rb.add(obs=1.0, priorities=2.5)
+        ...     print(rb.get_max_priority())
+        1.0
+        2.5
+        """
         return float(self._store.max_priority)
 
 
