@@ -252,26 +252,6 @@ cdef int64_t first_out_of_range(const int64_t* values, int64_t count,
     return -1
 
 
-cdef int64_t first_not_priority(const double* values, int64_t count) noexcept nogil:
-    """Position of the first value that is not finite and >= 0 (NaN fails both tests), or -1."""
-    cdef int64_t k
-    for k in range(count):
-        if not (values[k] >= 0.0 and values[k] <= DBL_MAX):
-            return k
-    return -1
-
-
-def check_priorities(priorities, str name="priorities"):
-    """Raise ValueError naming `name` unless every float64 value is finite and >= 0."""
-    cdef const double[::1] view = priorities
-    cdef int64_t bad = -1
-    if view.shape[0]:
-        with nogil:
-            bad = first_not_priority(&view[0], view.shape[0])
-    if bad >= 0:
-        raise ValueError(f"{name} must be finite and >= 0; got {view[bad]} at position {bad}")
-
-
 cdef inline double leaf_weight(double priority, double alpha, double eps) noexcept nogil:
     return pow(priority + eps, alpha)
 
