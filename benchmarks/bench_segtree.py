@@ -36,7 +36,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 
@@ -49,6 +48,13 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Calls timed together per side (ours take microseconds, RLlib's milliseconds), and rounds.
 FULL = {"ours": 200, "rllib": 4, "rounds": 31}
 QUICK = {"ours": 50, "rllib": 2, "rounds": 5}
+
+
+def _common_module():
+    """benchmarks/_common.py, whether this file runs as a script or as part of the package."""
+    if __package__:
+        return importlib.import_module(f"{__package__}._common")
+    return importlib.import_module("_common")  # as a script, this file's folder is sys.path[0]
 
 
 def import_targets():
@@ -64,20 +70,6 @@ def import_targets():
     else:  # run as a script: this file's folder is sys.path[0]
         loader = importlib.import_module("_rllib_tree")
     return importlib.import_module("cpprb_ray._segtree"), loader.load_rllib_segment_tree()
-
-
-def machine() -> str:
-    """The CPU model, as ``lscpu | grep 'Model name'`` reports it."""
-    try:
-        output = subprocess.run(
-            ["lscpu"], capture_output=True, text=True, check=True, env={"LC_ALL": "C"}
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or platform.machine()
-    for line in output.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +280,7 @@ def main(argv=None) -> int:
     import ray  # only for its version, once everything is measured
 
     info = {
-        "machine": machine(),
+        "machine": _common_module().machine(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "ray": ray.__version__,
