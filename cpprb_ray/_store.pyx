@@ -119,10 +119,8 @@ cdef enum:
 cdef enum:
     # Kernel results besides >= 0 counts.
     ERR_EMPTY = -1
-    ERR_ALL_ZERO = -4
-    ERR_ALL_TORN = -5
-    ERR_NOMEM = -2
-    ERR_LOCK = -3
+    ERR_ALL_ZERO = -2
+    ERR_ALL_TORN = -3
 
 cdef enum:
     HEADER_BYTES = 256
