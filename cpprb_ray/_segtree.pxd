@@ -3,6 +3,7 @@
 # `noexcept nogil` kernels over it. _store.pyx cimports these to sample, update and gather under
 # one lock in one GIL-free call.
 
+from libc.math cimport INFINITY, copysign, signbit
 from libc.stdint cimport int64_t, uint64_t
 
 # 8 float64 children fill one 64-byte cache line: a search reads one line per level.
@@ -12,13 +13,29 @@ cdef enum:
     MAX_LEVELS = 24
 
 cdef struct TreeView:
-    double* sums            # sum levels, leaves first
-    double* mins            # min levels, same shape; unset leaves hold +inf
+    double* sums            # sum levels, leaves first; the leaves are the min tree's too
+    double* mins            # min levels 1.. (mins + offsets[level]); level 0 is not stored
     int64_t capacity
     int depth               # levels above the leaves; the root is level `depth`
     int64_t counts[MAX_LEVELS]   # live nodes per level
     int64_t offsets[MAX_LEVELS]  # offset (in doubles) of each level inside `sums` and `mins`
-    int64_t level_doubles   # doubles per tree (sum or min)
+    int64_t level_doubles   # doubles of the sum levels (the min levels follow them)
+
+# The sum and min trees share their leaves (one write and one cache line per leaf instead of
+# two). A leaf is a weight >= +0.0, or -0.0 for "unset": -0.0 adds nothing to a sum, and the
+# min levels read it as +inf, so an unset leaf does not count in min().
+cdef inline double unset_leaf() noexcept nogil:
+    return copysign(0.0, -1.0)
+
+
+cdef inline bint is_unset(double leaf) noexcept nogil:
+    return signbit(leaf)
+
+
+cdef inline double min_key(double leaf) noexcept nogil:
+    """What a leaf counts as in the min tree."""
+    return INFINITY if signbit(leaf) else leaf
+
 
 cdef struct Xoshiro256:
     uint64_t s[4]
@@ -26,8 +43,9 @@ cdef struct Xoshiro256:
 cdef int64_t tree_doubles(int64_t capacity, TreeView* view) noexcept nogil
 cdef void tree_bind(TreeView* view, double* memory, int64_t capacity) noexcept nogil
 cdef void tree_clear_all(TreeView* view) noexcept nogil
-cdef void tree_set(TreeView* view, const int64_t* indices, const double* sum_values,
-                   const double* min_values, int64_t count) noexcept nogil
+cdef void tree_set(TreeView* view, const int64_t* indices, const double* values,
+                   int64_t count) noexcept nogil
+cdef void tree_unset(TreeView* view, const int64_t* indices, int64_t count) noexcept nogil
 cdef void tree_refresh(TreeView* view, const int64_t* indices, int64_t count) noexcept nogil
 cdef void tree_refresh_range(TreeView* view, int64_t start, int64_t count) noexcept nogil
 cdef void tree_rebuild(TreeView* view) noexcept nogil

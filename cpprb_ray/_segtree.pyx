@@ -47,7 +47,8 @@ cdef inline int64_t round_up(int64_t value, int64_t multiple) noexcept nogil:
 
 
 cdef int64_t tree_doubles(int64_t capacity, TreeView* view) noexcept nogil:
-    """Doubles one tree (sum or min) needs; fills view's level table when view is not NULL."""
+    """Doubles the tree needs (sum levels, then min levels above the shared leaves); fills
+    view's level table when view is not NULL."""
     cdef int64_t count = capacity
     cdef int64_t total = 0
     cdef int level = 0
@@ -55,7 +56,8 @@ cdef int64_t tree_doubles(int64_t capacity, TreeView* view) noexcept nogil:
         if view != NULL:
             view.counts[level] = count
             view.offsets[level] = total
-        # Every level is padded to whole cache lines; padding holds 0 (sum) / +inf (min).
+        # Every level is padded to whole cache lines; padding holds an unset leaf, 0 (sums) or
+        # +inf (mins).
         total += round_up(count, FANOUT)
         if count == 1:
             break
@@ -65,13 +67,17 @@ cdef int64_t tree_doubles(int64_t capacity, TreeView* view) noexcept nogil:
         view.depth = level
         view.level_doubles = total
         view.capacity = capacity
-    return total
+    return 2 * total - round_up(capacity, FANOUT)
 
 
 cdef void tree_bind(TreeView* view, double* memory, int64_t capacity) noexcept nogil:
     tree_doubles(capacity, view)
     view.sums = memory
+    # Min level L (>= 1) lives at mins + offsets[L], right after the sum levels; the pointer
+    # itself is never read at level 0, which has no min copy.
     view.mins = memory + view.level_doubles
+    if view.depth >= 1:
+        view.mins -= view.offsets[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,27 +86,45 @@ cdef void tree_bind(TreeView* view, double* memory, int64_t capacity) noexcept n
 
 cdef void tree_clear_all(TreeView* view) noexcept nogil:
     cdef int64_t i
-    memset(view.sums, 0, <size_t>view.level_doubles * sizeof(double))
-    for i in range(view.level_doubles):
+    cdef int64_t leaves = round_up(view.capacity, FANOUT)
+    for i in range(leaves):
+        view.sums[i] = unset_leaf()
+    memset(view.sums + leaves, 0, <size_t>(view.level_doubles - leaves) * sizeof(double))
+    for i in range(leaves, view.level_doubles):
         view.mins[i] = INFINITY
+
+
+cdef inline double smaller(double a, double b) noexcept nogil:
+    return a if a < b else b
 
 
 cdef inline void recompute_node(TreeView* view, int level, int64_t node) noexcept nogil:
     """Recompute node `node` of `level` (>= 1) from its 8 children, in a fixed order."""
     cdef int64_t first = view.offsets[level - 1] + (node << FANOUT_BITS)
     cdef const double* s = view.sums + first
-    cdef const double* m = view.mins + first
+    cdef const double* m
     # The same expression as the last prefix sum in prefix_sums(), so that prefix equals the node
     # bit for bit and a mass >= the node always takes the "past the end" branch (last positive
     # child) instead of stopping early through rounding.
     cdef double total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
-    cdef int c
-    cdef double low = m[0]
-    for c in range(1, FANOUT):
-        if m[c] < low:
-            low = m[c]
+    # Pairwise too: three dependent minimums instead of seven.
+    cdef double low
+    if level == 1:   # the children are the shared leaves
+        low = smaller(smaller(smaller(min_key(s[0]), min_key(s[1])),
+                              smaller(min_key(s[2]), min_key(s[3]))),
+                      smaller(smaller(min_key(s[4]), min_key(s[5])),
+                              smaller(min_key(s[6]), min_key(s[7]))))
+    else:
+        m = view.mins + first
+        low = smaller(smaller(smaller(m[0], m[1]), smaller(m[2], m[3])),
+                      smaller(smaller(m[4], m[5]), smaller(m[6], m[7])))
     view.sums[view.offsets[level] + node] = total
     view.mins[view.offsets[level] + node] = low
+
+
+cdef inline void prefetch_parent(TreeView* view, int level, int64_t node) noexcept nogil:
+    prefetch_write(view.sums + view.offsets[level] + node)
+    prefetch_write(view.mins + view.offsets[level] + node)
 
 
 cdef void tree_refresh(TreeView* view, const int64_t* indices, int64_t count) noexcept nogil:
@@ -124,8 +148,14 @@ cdef void tree_refresh(TreeView* view, const int64_t* indices, int64_t count) no
                     seen[node >> 6] |= (<uint64_t>1) << (node & 63)
                     recompute_node(view, level, node)
         else:
+            # A wide level is out of cache: ask for the parent lines PREFETCH_AHEAD nodes ahead
+            # (their children were written just before, on the level below, and are cached).
+            for k in range(min(count, PREFETCH_AHEAD)):
+                prefetch_parent(view, level, indices[k] >> (FANOUT_BITS * level))
             previous = -1
             for k in range(count):
+                if k + PREFETCH_AHEAD < count:
+                    prefetch_parent(view, level, indices[k + PREFETCH_AHEAD] >> (FANOUT_BITS * level))
                 node = indices[k] >> (FANOUT_BITS * level)
                 if node != previous:
                     recompute_node(view, level, node)
@@ -144,13 +174,21 @@ cdef void tree_refresh_range(TreeView* view, int64_t start, int64_t count) noexc
             recompute_node(view, level, node)
 
 
-cdef void tree_set(TreeView* view, const int64_t* indices, const double* sum_values,
-                   const double* min_values, int64_t count) noexcept nogil:
-    """Write leaves in order (so duplicates resolve last-wins), then recompute their ancestors."""
+cdef void tree_set(TreeView* view, const int64_t* indices, const double* values,
+                   int64_t count) noexcept nogil:
+    """Write leaves in order (so duplicates resolve last-wins), then recompute their ancestors.
+    A value of -0.0 is stored as 0.0: it is a weight of zero, not an unset leaf."""
     cdef int64_t k
     for k in range(count):
-        view.sums[indices[k]] = sum_values[k]
-        view.mins[indices[k]] = min_values[k]
+        view.sums[indices[k]] = values[k] + 0.0
+    tree_refresh(view, indices, count)
+
+
+cdef void tree_unset(TreeView* view, const int64_t* indices, int64_t count) noexcept nogil:
+    """Unset leaves (out of both sums and min), then recompute their ancestors."""
+    cdef int64_t k
+    for k in range(count):
+        view.sums[indices[k]] = unset_leaf()
     tree_refresh(view, indices, count)
 
 
@@ -163,10 +201,12 @@ cdef void tree_rebuild(TreeView* view) noexcept nogil:
 
 
 cdef double tree_total(const TreeView* view) noexcept nogil:
-    return view.sums[view.offsets[view.depth]]
+    return view.sums[view.offsets[view.depth]] + 0.0   # an empty tree's -0.0 reads as 0.0
 
 
 cdef double tree_min(const TreeView* view) noexcept nogil:
+    if view.depth == 0:
+        return min_key(view.sums[0])   # capacity 1: the root is the leaf
     return view.mins[view.offsets[view.depth]]
 
 
@@ -200,23 +240,18 @@ cdef void tree_search(const TreeView* view, double* masses, int64_t* out,
     the last positive child, so a mass >= total lands on the last positive leaf. The whole
     batch descends one level at a time so the independent loads overlap.
     """
-    cdef int64_t k, chosen
+    cdef int64_t k, chosen, node
     cdef int level, c
     cdef double mass
     cdef double prefix[FANOUT + 1]
     cdef const double* children
+    cdef const double* below
     for k in range(count):
         out[k] = 0
     for level in range(view.depth, 0, -1):
-        # Software pipelining: ask for the child line of the walk PREFETCH_AHEAD places ahead
-        # so that several cache misses are in flight while this one is scanned.
-        for k in range(min(count, PREFETCH_AHEAD)):
-            prefetch(view.sums + view.offsets[level - 1] + (out[k] << FANOUT_BITS))
+        below = view.sums + view.offsets[level - 1]
         for k in range(count):
-            if k + PREFETCH_AHEAD < count:
-                prefetch(view.sums + view.offsets[level - 1]
-                         + (out[k + PREFETCH_AHEAD] << FANOUT_BITS))
-            children = view.sums + view.offsets[level - 1] + (out[k] << FANOUT_BITS)
+            children = below + (out[k] << FANOUT_BITS)
             mass = masses[k]
             # Branch-free: the chosen child is the number of prefix sums <= mass. A zero child
             # has the same prefix as its left neighbour, so it can never be the one chosen.
@@ -234,7 +269,12 @@ cdef void tree_search(const TreeView* view, double* masses, int64_t* out,
             else:
                 mass -= prefix[chosen]
             masses[k] = mass
-            out[k] = (out[k] << FANOUT_BITS) + chosen
+            node = (out[k] << FANOUT_BITS) + chosen
+            out[k] = node
+            if level > 1:
+                # Ask for the line this walk reads on the next level now: the rest of the
+                # batch is walked before it is needed, so its cache miss is hidden.
+                prefetch(view.sums + view.offsets[level - 2] + (node << FANOUT_BITS))
 
 
 cdef void tree_sample(const TreeView* view, Xoshiro256* rng, double* scratch, int64_t* out,
@@ -418,13 +458,16 @@ cdef class SegmentTree:
     def nbytes(capacity):
         """nbytes(capacity) -> int: bytes a tree of `capacity` leaves needs (a multiple of 64).
 
+        The leaves (shared by the sum and min trees) and each inner level are padded to whole
+        64-byte lines; the min tree stores only its inner levels.
+
         Examples
         --------
         >>> from cpprb_ray._segtree import SegmentTree
         >>> SegmentTree.nbytes(1), SegmentTree.nbytes(8), SegmentTree.nbytes(9)
-        (128, 256, 512)
+        (64, 192, 384)
         """
-        return 2 * 8 * tree_doubles(_check_capacity(capacity), NULL)
+        return 8 * tree_doubles(_check_capacity(capacity), NULL)
 
     def __cinit__(self):
         self._has_buffer = False
@@ -503,7 +546,7 @@ cdef class SegmentTree:
         if count == 0:
             return
         with nogil:
-            tree_set(&self.view, &idx[0], &vals[0], &vals[0], count)
+            tree_set(&self.view, &idx[0], &vals[0], count)
 
     def clear(self, indices=None):
         """clear(indices=None): unset the given leaves (all leaves when None)."""
@@ -517,12 +560,8 @@ cdef class SegmentTree:
         cdef int64_t count = idx.shape[0]
         if count == 0:
             return
-        zeros = np.zeros(count)
-        infs = np.full(count, np.inf)
-        cdef const double[::1] zero_view = zeros
-        cdef const double[::1] inf_view = infs
         with nogil:
-            tree_set(&self.view, &idx[0], &zero_view[0], &inf_view[0], count)
+            tree_unset(&self.view, &idx[0], count)
 
     def get(self, indices):
         """get(indices) -> ndarray[float64]: leaf values (0.0 for unset leaves)."""
@@ -534,7 +573,7 @@ cdef class SegmentTree:
         cdef Py_ssize_t k
         with nogil:
             for k in range(idx.shape[0]):
-                values[k] = self.view.sums[idx[k]]
+                values[k] = self.view.sums[idx[k]] + 0.0   # an unset leaf's -0.0 reads as 0.0
         return out
 
     def total(self):

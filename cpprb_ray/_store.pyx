@@ -9,7 +9,7 @@ A segment looks like this (offsets in bytes; the layout JSON describes the colum
     data_offset, 4096-aligned:
           rows: `capacity` records of `row_stride` bytes: the slot's uint64 generation, then
                 one field per column (the layout JSON gives each one's offset in the record)
-          tree (sum levels, min levels; _segtree), 64-aligned
+          tree (sum levels with the shared leaves, then min inner levels; _segtree), 64-aligned
 
 Rows are stored as records, not one array per column: a sampled row is then one cache line
 (and one TLB entry) instead of one per column plus one for its generation. Sampling 256 random
@@ -40,9 +40,10 @@ from posix.types cimport pid_t
 from posix.unistd cimport getpid
 from libc.string cimport memcpy, memset, strchr
 
-from cpprb_ray._segtree cimport (TreeView, Xoshiro256, rng_seed, rng_uniform, tree_bind,
-                                 tree_clear_all, tree_doubles, tree_min, tree_rebuild,
-                                 tree_refresh, tree_refresh_range, tree_sample, tree_total)
+from cpprb_ray._segtree cimport (TreeView, Xoshiro256, is_unset, min_key, rng_seed, rng_uniform,
+                                 tree_bind, tree_clear_all, tree_doubles, tree_min, tree_rebuild,
+                                 tree_refresh, tree_refresh_range, tree_sample, tree_total,
+                                 unset_leaf)
 from cpprb_ray._sync cimport (LOCKED_OWNER_DIED, MUTEX_BYTES, mutex_consistent, mutex_init,
                               mutex_lock, mutex_unlock, pthread_mutex_t)
 
@@ -126,7 +127,7 @@ cdef enum:
     HEADER_BYTES = 256
     MUTEX_AT = 256
     LAYOUT_AT = 512
-    VERSION = 1
+    VERSION = 2          # 2: the sum and min trees share their leaves
 
 HEADER_NBYTES = HEADER_BYTES
 MUTEX_OFFSET = MUTEX_AT
@@ -148,7 +149,7 @@ _HEADER_FIELDS = (
 
 def tree_nbytes(capacity):
     """Bytes of the sum+min tree for `capacity` slots."""
-    return 2 * 8 * tree_doubles(capacity, NULL)
+    return 8 * tree_doubles(capacity, NULL)
 
 
 cdef Header* _header_of(object memory, Py_buffer* view) except NULL:
@@ -231,10 +232,11 @@ def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps,
         PyBuffer_Release(&view)
 
 
-cdef bint _is_format(const Py_buffer* view, const char* codes) noexcept:
-    """An 8-byte item whose struct format code (after any byte-order mark) is one of `codes`."""
+cdef bint _is_format(const Py_buffer* view, const char* codes, Py_ssize_t itemsize=8) noexcept:
+    """A 1-D buffer of `itemsize`-byte items whose struct format code (after any byte-order
+    mark) is one of `codes`."""
     cdef const char* fmt = view.format
-    if view.itemsize != 8 or fmt == NULL:
+    if view.itemsize != itemsize or view.ndim != 1 or fmt == NULL:
         return False
     if fmt[0] in b"@=<":
         fmt += 1
@@ -482,8 +484,7 @@ cdef class ReplayStore:
         if h.op == OP_ADD:
             for k in range(h.pending_count):
                 slot = (h.pending_start + k) % <uint64_t>self.capacity
-                self.tree.sums[slot] = 0.0
-                self.tree.mins[slot] = INFINITY
+                self.tree.sums[slot] = unset_leaf()
                 self.generation(slot)[0] |= 1
             h.next_index = h.pending_old_next
             h.stored_size = h.pending_old_stored
@@ -545,8 +546,8 @@ cdef class ReplayStore:
             if self.prioritized:
                 if priorities != NULL:
                     weight = leaf_weight(priorities[skipped + k], h.alpha, h.eps)
-                self.tree.sums[slot] = weight
-                self.tree.mins[slot] = weight if weight > 0.0 else INFINITY
+                # A zero weight is kept out of min() (weights divide by it) like an unset leaf.
+                self.tree.sums[slot] = weight if weight > 0.0 else unset_leaf()
         if self.prioritized:
             tree_refresh_range(&self.tree, start, first_part)
             tree_refresh_range(&self.tree, 0, written - first_part)
@@ -809,7 +810,6 @@ cdef class ReplayStore:
 
     cdef inline void prefetch_update(self, int64_t index, bint record) noexcept nogil:
         prefetch(self.tree.sums + index)
-        prefetch(self.tree.mins + index)
         if record:
             prefetch(self.rows + index * self.stride)
 
@@ -896,14 +896,12 @@ cdef class ReplayStore:
                 generation = self.generation(index)[0]
                 if generation & 1 or generation != generations[k]:
                     continue      # torn by a dead writer, or overwritten since it was sampled
-            elif (self.tree.sums[index] == 0.0 and self.tree.mins[index] == INFINITY
-                  and self.generation(index)[0] & 1):
+            elif is_unset(self.tree.sums[index]) and self.generation(index)[0] & 1:
                 # A torn slot always has an unset leaf, so only such leaves need the record
                 # read (one cache miss each) to tell torn rows from rows of weight 0.
                 continue
             weight = weights[k]
-            self.tree.sums[index] = weight
-            self.tree.mins[index] = weight if weight > 0.0 else INFINITY
+            self.tree.sums[index] = weight if weight > 0.0 else unset_leaf()
             if priorities[k] > max_priority:
                 max_priority = priorities[k]
             applied += 1
@@ -913,70 +911,91 @@ cdef class ReplayStore:
         return applied
 
     def update(self, indexes, priorities, generations=None):
-        """Apply int64 `indexes`, float64 `priorities` and optional uint64 `generations` (1-D,
-        C-contiguous). Indexes must be below the stored size and priorities finite and >= 0:
-        checked here in one pass each (IndexError / ValueError, nothing applied)."""
+        """Apply 1-D C-contiguous numpy arrays: int64 `indexes`, float64 or float32
+        `priorities` and optional uint64 `generations`, all of one length; returns how many
+        were applied, or -1 (having done nothing) when the arrays are not of those kinds, for
+        the caller to convert them. Indexes must be below the stored size and priorities
+        finite and >= 0: checked here in one pass each (IndexError / ValueError, nothing
+        applied)."""
         self._enter()
         try:
             return self._update(indexes, priorities, generations)
         finally:
             self._leave()
 
-    cdef object _update(self, indexes, priorities, generations=None):
-        # Raw buffer views (cheaper than typed memoryviews for three small arrays per call).
+    cdef object _update(self, indexes, priorities, generations):
+        # Raw buffer views: cheaper than typed memoryviews for three small arrays per call, and
+        # they let the common case (arrays as sample() returns them, priorities from a float32
+        # network) skip every conversion in Python.
         cdef Py_buffer index_buffer, priority_buffer, generation_buffer
         cdef int held = 0
-        cdef int64_t count, stored, bad, applied = 0
+        cdef int64_t count, stored, bad, k, applied = 0
         cdef const int64_t* index_pointer
         cdef const double* priority_pointer
+        cdef const float* single_pointer = NULL
         cdef const uint64_t* generation_pointer = NULL
-        cdef double* weights = NULL
+        cdef double* scratch = NULL
         cdef bint overflow = False
         cdef int status = 0
+        if type(indexes) is not _ndarray or type(priorities) is not _ndarray or not (
+                generations is None or type(generations) is _ndarray):
+            return -1
         try:
-            PyObject_GetBuffer(indexes, &index_buffer, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-            held = 1
-            PyObject_GetBuffer(priorities, &priority_buffer, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-            held = 2
-            if not (_is_format(&index_buffer, b"lq") and _is_format(&priority_buffer, b"d")):
-                raise TypeError("indexes must be int64 and priorities float64")
-            count = index_buffer.len // 8
-            if priority_buffer.len != index_buffer.len:
-                raise ValueError("indexes and priorities differ in length")
-            if generations is not None:
-                PyObject_GetBuffer(generations, &generation_buffer,
-                                   PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-                held = 3
-                if not _is_format(&generation_buffer, b"LQ"):
-                    raise TypeError("generations must be uint64")
-                if generation_buffer.len != index_buffer.len:
-                    raise ValueError("indexes and generations differ in length")
-                generation_pointer = <const uint64_t*>generation_buffer.buf
+            try:
+                PyObject_GetBuffer(indexes, &index_buffer, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                held = 1
+                PyObject_GetBuffer(priorities, &priority_buffer, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                held = 2
+                if generations is not None:
+                    PyObject_GetBuffer(generations, &generation_buffer,
+                                       PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                    held = 3
+            except (BufferError, ValueError):
+                return -1  # not contiguous, or a dtype with no buffer format
+            if not (_is_format(&index_buffer, b"lq") and (
+                    _is_format(&priority_buffer, b"d")
+                    or _is_format(&priority_buffer, b"f", 4))
+                    and priority_buffer.shape[0] == index_buffer.shape[0]
+                    and (generations is None or (
+                        _is_format(&generation_buffer, b"LQ")
+                        and generation_buffer.shape[0] == index_buffer.shape[0]))):
+                return -1
+            count = index_buffer.shape[0]
             if count == 0:
                 return 0
             index_pointer = <const int64_t*>index_buffer.buf
             priority_pointer = <const double*>priority_buffer.buf
+            if priority_buffer.itemsize == 4:
+                single_pointer = <const float*>priority_buffer.buf
+            if generations is not None:
+                generation_pointer = <const uint64_t*>generation_buffer.buf
             stored = self.header.stored_size
             with nogil:
                 bad = first_out_of_range(index_pointer, count, stored)
             if bad >= 0:
                 raise IndexError(f"indexes must be in [0, stored size {stored}); got "
                                  f"{index_pointer[bad]} at position {bad}")
-            weights = <double*>malloc(count * sizeof(double))
-            if weights == NULL:
+            # One allocation: the leaf weights, then (for float32 input) the priorities widened.
+            scratch = <double*>malloc(2 * count * sizeof(double))
+            if scratch == NULL:
                 raise MemoryError()
             with nogil:
-                bad = self.weigh(priority_pointer, weights, count, &overflow)
+                if single_pointer != NULL:
+                    for k in range(count):
+                        scratch[count + k] = single_pointer[k]
+                    priority_pointer = scratch + count
+                bad = self.weigh(priority_pointer, scratch, count, &overflow)
             if bad >= 0:
-                self.check_priorities(priorities)  # raises the message for position `bad`
+                # Raises the message for position `bad`.
+                self.check_priorities(np.asarray(<double[:count]>priority_pointer))
             with nogil:
                 status = self.lock()
                 if status == 0:
-                    applied = self.update_locked(index_pointer, priority_pointer, weights,
+                    applied = self.update_locked(index_pointer, priority_pointer, scratch,
                                                  generation_pointer, count)
                     self.unlock()
         finally:
-            free(weights)
+            free(scratch)
             if held >= 3:
                 PyBuffer_Release(&generation_buffer)
             if held >= 2:
@@ -1045,7 +1064,7 @@ cdef class ReplayStore:
                             copy_row(pointers[c] + copied * rb,
                                      self.rows + slot * self.stride + self.columns[c], rb)
                         (<int64_t*>pointers[count - 2])[copied] = slot
-                        (<double*>pointers[count - 1])[copied] = self.tree.sums[slot]
+                        (<double*>pointers[count - 1])[copied] = self.tree.sums[slot] + 0.0
                         copied += 1
                     self.unlock()
             if status:
@@ -1067,6 +1086,7 @@ cdef class ReplayStore:
 
     cdef object _check_tree(self):
         cdef int status
+        cdef int64_t k
         cdef double root_sum, root_min
         sums = np.empty(self.capacity, dtype=np.float64)
         mins = np.empty(self.capacity, dtype=np.float64)
@@ -1078,8 +1098,9 @@ cdef class ReplayStore:
                 # One consistent snapshot: roots and leaves copied under the same lock.
                 root_sum = tree_total(&self.tree)
                 root_min = tree_min(&self.tree)
-                memcpy(&sum_view[0], self.tree.sums, <size_t>self.capacity * sizeof(double))
-                memcpy(&min_view[0], self.tree.mins, <size_t>self.capacity * sizeof(double))
+                for k in range(self.capacity):
+                    sum_view[k] = self.tree.sums[k] + 0.0
+                    min_view[k] = min_key(self.tree.sums[k])
                 self.unlock()
         if status:
             raise OSError(-status, "locking the buffer failed")

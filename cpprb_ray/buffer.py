@@ -25,7 +25,6 @@ PathLike = Union[str, "os.PathLike[str]"]
 _INT64 = np.dtype(np.int64)
 _FLOAT32 = np.dtype(np.float32)
 _UINT64 = np.dtype(np.uint64)
-_FLOAT64 = np.dtype(np.float64)
 _FLOAT_MAX = float(np.finfo(np.float64).max)
 
 
@@ -629,18 +628,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         2 5.0
         0
         """
-        if type(priorities) is np.ndarray and priorities.dtype is _FLOAT32:
-            priorities = priorities.astype(_FLOAT64)  # e.g. TD errors from a float32 network
-        if (type(indexes) is np.ndarray and type(priorities) is np.ndarray
-                and indexes.dtype is _INT64 and priorities.dtype is _FLOAT64
-                and indexes.ndim == 1 and priorities.shape == indexes.shape
-                and indexes.flags.c_contiguous and priorities.flags.c_contiguous
-                and (generations is None or (
-                    type(generations) is np.ndarray and generations.dtype is _UINT64
-                    and generations.shape == indexes.shape
-                    and generations.flags.c_contiguous))):
-            # Already what the store takes (as sample() returns them): no conversion.
-            return int(self._store.update(indexes, priorities, generations))
+        # Arrays as sample() returns them (float32 or float64 priorities) go straight in; -1
+        # means they are of some other kind and are converted below.
+        applied = self._store.update(indexes, priorities, generations)
+        if applied >= 0:
+            return int(applied)
         index_array = indexes if type(indexes) is np.ndarray else np.asarray(indexes)
         if index_array.dtype.kind not in "iu":
             if not (index_array.size == 0 and index_array.dtype.kind == "f"):

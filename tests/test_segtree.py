@@ -356,14 +356,20 @@ def test_min_counts_zero_leaves_but_not_unset_ones():
     tree.clear([3, 11])
     assert tree.min() == math.inf and tree.total() == 0.0
     assert tree.get([3, 11, 17]).tolist() == [0.0, 0.0, 0.0]
+    # Inside, an unset leaf is -0.0; a -0.0 the caller passes is still a value of zero.
+    tree.set([5], [-0.0])
+    assert tree.min() == 0.0 and tree.total() == 0.0
+    assert math.copysign(1.0, tree.total()) == 1.0
+    assert math.copysign(1.0, tree.get([5, 6])[1]) == 1.0
 
 
 @pytest.mark.parametrize("capacity", BOUNDARY_CAPACITIES)
 def test_nbytes_is_cache_line_multiple_and_tree_fits(capacity):
     nbytes = SegmentTree.nbytes(capacity)
     assert nbytes % 64 == 0
-    # Two trees (sum and min) of at least `capacity` float64 leaves each.
-    assert nbytes >= 2 * 8 * capacity
+    # The leaves (float64, shared by the sum and min trees) plus two sets of inner levels:
+    # for a fanout of 8 those are about capacity / 7 nodes each.
+    assert 8 * capacity <= nbytes <= 8 * (capacity + 2 * (capacity // 7 + 8 * 24)) + 64
     # Exactly nbytes is enough: a full tree at an offset, with a guard byte on each side.
     memory = bytearray(nbytes + 128)
     memory[63] = memory[64 + nbytes] = 0xAB
