@@ -19,6 +19,9 @@ sample(256)
     own ``_sample_proportional`` draws independent masses and calls ``sum()`` once per item on
     top; computing the total once makes RLlib faster here, so the speedups are conservative.)
 
+``--scaling`` times only our sample(256), on trees that differ in one thing each (how many leaves
+are live, shared or private huge-page memory), to show where the cost of a 2**22 tree goes.
+
 Every call gets fresh random indices/values; the median over repeats of the mean per call is
 reported. RLlib's find_prefixsum_idx asserts on each call; it is measured as shipped (run without
 ``python -O``).
@@ -213,6 +216,73 @@ def bench_capacity(segtree, rllib, exponent: int, plan: dict, seed: int) -> dict
 
 
 # ---------------------------------------------------------------------------------------------
+# Where the cost of a large tree goes (--scaling)
+
+# (label, exponent, live leaves, memory): our sample(256) on trees that differ in one thing each.
+SCALING_CASES = (
+    ("2^10, all leaves live (the reference)", 10, 2**10, "shared"),
+    ("2^22, only 2^12 leaves live: 8 levels, every line cached", 22, 2**12, "shared"),
+    ("2^22, only 2^18 leaves live: 8 levels, lines within L3", 22, 2**18, "shared"),
+    ("2^22, all leaves live, shared memory (4 KiB pages)", 22, 2**22, "shared"),
+    ("2^22, all leaves live, private memory with MADV_HUGEPAGE", 22, 2**22, "huge"),
+)
+
+
+def scaling_memory(nbytes: int, kind: str) -> mmap.mmap:
+    """Anonymous memory: shared (as a segment; no huge pages where shmem_enabled is never) or
+    private with MADV_HUGEPAGE where this Python and kernel offer it (transparent huge pages)."""
+    if kind == "shared":
+        return mmap.mmap(-1, nbytes)
+    # 2 MiB of slack so that the kernel can align huge pages inside the mapping.
+    memory = mmap.mmap(-1, nbytes + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(memory, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    return memory
+
+
+def scaling_breakdown(segtree, plan: dict, seed: int) -> list:
+    """Our sample(256) for each of SCALING_CASES, timed in interleaved rounds.
+
+    A 2**22 tree has 8 levels against 4 at 2**10, so even with every line in cache its sample
+    does about twice the work; the other cases add what the cache and the TLB cost on top."""
+    trees, memories, runs = [], [], {}
+    try:
+        for label, exponent, live, kind in SCALING_CASES:
+            capacity = 2**exponent
+            memory = scaling_memory(segtree.SegmentTree.nbytes(capacity), kind)
+            memories.append(memory)
+            tree = segtree.SegmentTree(memory, capacity)
+            trees.append(tree)
+            rng = np.random.default_rng(seed + exponent)
+            tree.set(np.arange(live), rng.uniform(0.1, 10.0, size=live))
+            generator = segtree.Random(seed)
+
+            def run(number, tree=tree, generator=generator):
+                for _ in range(number):
+                    tree.sample(BATCH, generator)
+            runs[label] = (run, plan["ours"])
+        times = interleaved_times(runs, plan["rounds"])
+    finally:
+        for tree in trees:
+            tree.release()
+        for memory in memories:
+            memory.close()
+    reference = min(times[SCALING_CASES[0][0]])
+    return [{"case": label, "median_us": 1e6 * statistics.median(times[label]),
+             "min_us": 1e6 * min(times[label]), "ratio_of_minima": min(times[label]) / reference}
+            for label, *_ in SCALING_CASES]
+
+
+def scaling_table(rows: list) -> str:
+    lines = ["| our sample(256) on | µs median (min) | / 2^10 (of the minima) |",
+             "|:---|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['median_us']:.2f} ({r['min_us']:.2f}) "
+                     f"| {r['ratio_of_minima']:.2f}x |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 
 
@@ -262,12 +332,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--seed", type=int, default=0, help="seed of all random inputs")
+    parser.add_argument("--scaling", action="store_true",
+                        help="only our tree: where the cost of sample(256) at 2^22 goes")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     segtree, rllib = import_targets()
+    if args.scaling:
+        rows = scaling_breakdown(segtree, QUICK if args.quick else FULL, args.seed)
+        print(f"machine: {_common_module().machine()}; Python {platform.python_version()}; "
+              f"load average {os.getloadavg()[0]:.2f}")
+        print(scaling_table(rows))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                json.dump({"scaling": rows}, handle, indent=2)
+        return 0
     check_fill(rllib)
     plan = QUICK if args.quick else FULL
     started = time.perf_counter()
