@@ -113,7 +113,7 @@ test-debug: .venv-debug/.deps
 	fi
 	cd $(DEBUG_SRC) && CPPRB_RAY_DEBUG=1 ../bin/python -m pip install $(PIP_FLAGS) \
 	    --no-build-isolation --no-deps -e .
-	@cd $(DEBUG_SRC) && tests="$$(ls tests/test_segtree.py tests/test_sync.py 2>/dev/null || true)"; \
+	@cd $(DEBUG_SRC) && tests="$$(ls tests/test_segtree.py tests/test_sync.py tests/test_doctests.py 2>/dev/null || true)"; \
 	    if [ ! -f tests/test_sync.py ]; then \
 	        echo "warning: tests/test_sync.py does not exist (yet)" >&2; fi; \
 	    if [ -z "$$tests" ]; then tests="$$(ls tests/test_segtree*.py 2>/dev/null || true)"; fi; \

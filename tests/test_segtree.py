@@ -8,8 +8,6 @@ and through the examples in its docstrings.
 
 from __future__ import annotations
 
-import doctest
-import inspect
 import math
 import mmap
 import os
@@ -25,7 +23,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import cpprb_ray._segtree as segtree_module
 from cpprb_ray._segtree import Random, SegmentTree
 
 try:  # Python >= 3.8
@@ -847,61 +844,6 @@ def test_tree_in_mmap_file_across_a_spawned_process():
     finally:
         os.close(descriptor)
         os.unlink(path)
-
-
-# ---------------------------------------------------------------------------------------------
-# Docstring examples
-
-
-def docstrings_with_examples(module) -> dict:
-    """{qualified name: docstring} for the module, its classes and their members with examples.
-
-    Collected by hand because doctest's finder does not see everything in an extension module
-    (Cython's __test__ dict, when present, only covers some of the methods).
-    """
-    found = {}
-
-    def add(name, obj):
-        doc = getattr(obj, "__doc__", None)
-        if isinstance(doc, str) and ">>>" in doc and doc not in found.values():
-            found[name] = doc
-
-    add(module.__name__, module)
-    for name, obj in sorted(vars(module).items()):
-        if getattr(obj, "__module__", None) != module.__name__:
-            continue
-        add(f"{module.__name__}.{name}", obj)
-        if inspect.isclass(obj):
-            for member in sorted(vars(obj)):
-                if member.startswith("__"):
-                    continue
-                add(f"{module.__name__}.{name}.{member}", getattr(obj, member))
-    return found
-
-
-SEGTREE_DOCSTRINGS = docstrings_with_examples(segtree_module)
-
-
-def run_docstring(name: str, doc: str, module) -> doctest.TestResults:
-    parser = doctest.DocTestParser()
-    test = parser.get_doctest(doc, {}, name, getattr(module, "__file__", None), 0)
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    report = []
-    results = runner.run(test, out=report.append, clear_globs=True)
-    assert results.failed == 0, "".join(report)
-    return results
-
-
-def test_segtree_docstrings_have_examples():
-    # Random, SegmentTree, SegmentTree.nbytes and SegmentTree.sample carry examples.
-    assert len(SEGTREE_DOCSTRINGS) >= 4, sorted(SEGTREE_DOCSTRINGS)
-    assert any(name.endswith("SegmentTree.nbytes") for name in SEGTREE_DOCSTRINGS)
-
-
-@pytest.mark.parametrize("name", sorted(SEGTREE_DOCSTRINGS))
-def test_segtree_docstring_examples(name):
-    results = run_docstring(name, SEGTREE_DOCSTRINGS[name], segtree_module)
-    assert results.attempted > 0
 
 
 # ---------------------------------------------------------------------------------------------

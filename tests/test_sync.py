@@ -8,9 +8,7 @@ Every wait in these tests is bounded, so a broken mutex fails a test instead of 
 from __future__ import annotations
 
 import contextlib
-import doctest
 import errno
-import inspect
 import mmap
 import os
 import queue
@@ -25,7 +23,6 @@ import uuid
 import numpy as np
 import pytest
 
-import cpprb_ray._sync as sync_module
 from cpprb_ray._sync import MUTEX_NBYTES, SharedMutex
 
 try:  # Python >= 3.8
@@ -401,52 +398,6 @@ def test_read_only_or_non_buffer_memory_is_refused():
         SharedMutex(bytes(MUTEX_NBYTES), initialize=True)
     with pytest.raises(TypeError):
         SharedMutex([0] * MUTEX_NBYTES, initialize=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Docstring examples
-
-
-def docstrings_with_examples(module) -> dict:
-    """{qualified name: docstring} for the module, its classes and their members with examples.
-
-    Collected by hand because doctest's finder does not see everything in an extension module.
-    """
-    found = {}
-
-    def add(name, obj):
-        doc = getattr(obj, "__doc__", None)
-        if isinstance(doc, str) and ">>>" in doc and doc not in found.values():
-            found[name] = doc
-
-    add(module.__name__, module)
-    for name, obj in sorted(vars(module).items()):
-        if getattr(obj, "__module__", None) != module.__name__:
-            continue
-        add(f"{module.__name__}.{name}", obj)
-        if inspect.isclass(obj):
-            for member in sorted(vars(obj)):
-                if not member.startswith("__"):
-                    add(f"{module.__name__}.{name}.{member}", getattr(obj, member))
-    return found
-
-
-SYNC_DOCSTRINGS = docstrings_with_examples(sync_module)
-
-
-def test_sync_docstrings_have_examples():
-    assert any(name.endswith("SharedMutex") for name in SYNC_DOCSTRINGS), sorted(SYNC_DOCSTRINGS)
-
-
-@pytest.mark.parametrize("name", sorted(SYNC_DOCSTRINGS))
-def test_sync_docstring_examples(name):
-    parser = doctest.DocTestParser()
-    test = parser.get_doctest(SYNC_DOCSTRINGS[name], {}, name, sync_module.__file__, 0)
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    report = []
-    results = runner.run(test, out=report.append, clear_globs=True)
-    assert results.failed == 0, "".join(report)
-    assert results.attempted > 0
 
 
 # ---------------------------------------------------------------------------------------------
