@@ -216,15 +216,14 @@ def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
     for column in columns:
         if column.offset < GENERATION_BYTES or column.offset + column.row_bytes > stride:
             raise corrupt(location, f"column {column.name!r} lies outside its row record")
-    rows_end = header["rows_offset"] + capacity * stride
-    rows_offset = header["rows_offset"]
-    if rows_offset < header["data_offset"] or rows_offset % 8 or rows_end > total:
+    rows_end = header["data_offset"] + capacity * stride
+    if header["data_offset"] % 8 or rows_end > total:
         raise corrupt(location, "rows lie outside the segment")
     tree_end = header["tree_offset"] + _store.tree_nbytes(capacity)
     if header["tree_offset"] % 8 or header["tree_offset"] < rows_end or tree_end > total:
         raise corrupt(location, "tree lies outside the segment")
     if header["next_index"] >= capacity or header["stored_size"] > capacity:
         raise corrupt(location, "ring indices out of range")
-    layout = Layout(capacity, bool(header["prioritized"]), columns, meta, header["rows_offset"],
+    layout = Layout(capacity, bool(header["prioritized"]), columns, meta, header["data_offset"],
                     stride, header["tree_offset"], total)
     return header, layout

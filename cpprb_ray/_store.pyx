@@ -102,7 +102,6 @@ cdef struct Header:
     uint64_t layout_length
     uint64_t data_offset
     uint64_t tree_offset
-    uint64_t rows_offset
     uint64_t rows_added          # rows ever committed
     uint64_t repairs             # times a dead holder's work was repaired
     uint64_t created_ns
@@ -127,7 +126,7 @@ cdef enum:
     HEADER_BYTES = 256
     MUTEX_AT = 256
     LAYOUT_AT = 512
-    VERSION = 2          # 2: the sum and min trees share their leaves
+    VERSION = 2          # 2: the sum and min trees share their leaves; no rows_offset
 
 HEADER_NBYTES = HEADER_BYTES
 MUTEX_OFFSET = MUTEX_AT
@@ -142,7 +141,7 @@ _HEADER_FIELDS = (
     "version", "total_size", "capacity", "prioritized", "alpha", "eps", "next_index",
     "stored_size", "max_priority", "op", "pending_start", "pending_count", "pending_old_next",
     "pending_old_stored", "owner_pid", "layout_offset", "layout_length", "data_offset",
-    "tree_offset", "rows_offset", "rows_added", "repairs", "created_ns", "row_stride",
+    "tree_offset", "rows_added", "repairs", "created_ns", "row_stride",
     "pending_old_rows_added", "pending_old_max_priority",
 )
 
@@ -176,7 +175,7 @@ def read_header(memory):
             "pending_old_stored": header.pending_old_stored, "owner_pid": header.owner_pid,
             "layout_offset": header.layout_offset, "layout_length": header.layout_length,
             "data_offset": header.data_offset, "tree_offset": header.tree_offset,
-            "rows_offset": header.rows_offset, "rows_added": header.rows_added,
+            "rows_added": header.rows_added,
             "repairs": header.repairs, "created_ns": header.created_ns,
             "row_stride": header.row_stride,
             "pending_old_rows_added": header.pending_old_rows_added,
@@ -188,7 +187,7 @@ def read_header(memory):
 
 
 def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps, owner_pid,
-                       layout_json, data_offset, tree_offset, rows_offset, row_stride,
+                       layout_json, data_offset, tree_offset, row_stride,
                        created_ns):
     """Lay a new header, mutex, layout and empty tree in zeroed `memory`.
 
@@ -217,7 +216,6 @@ def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps,
         header.layout_length = len(layout_json)
         header.data_offset = data_offset
         header.tree_offset = tree_offset
-        header.rows_offset = rows_offset
         header.row_stride = row_stride
         header.rows_added = 0
         header.repairs = 0
@@ -324,7 +322,7 @@ cdef class ReplayStore:
         self.max_base = (INFINITY if self.header.alpha <= 0.0 else
                          pow(self.max_weight, 1.0 / self.header.alpha) * (1.0 - 1e-12))
         tree_bind(&self.tree, <double*>(self.base + self.header.tree_offset), self.capacity)
-        self.rows = self.base + self.header.rows_offset
+        self.rows = self.base + self.header.data_offset
         self.stride = self.header.row_stride
         self.column_count = len(column_offsets)
         self.columns = <int64_t*>malloc(max(1, self.column_count) * sizeof(int64_t))
@@ -1115,5 +1113,5 @@ cdef class ReplayStore:
         """Current generation of each slot (uint64), for tests and diagnostics."""
         self._check()
         gens = np.ndarray((self.capacity,), dtype=np.uint64, buffer=self._memory,
-                          offset=self.header.rows_offset, strides=(self.stride,))
+                          offset=self.header.data_offset, strides=(self.stride,))
         return gens[np.asarray(indexes, dtype=np.int64)].copy()

@@ -128,7 +128,7 @@ class ReplayBuffer:
                 segment.memory, total_size=layout.total_size, capacity=capacity,
                 prioritized=self._prioritized, alpha=alpha, eps=eps, owner_pid=os.getpid(),
                 layout_json=layout.to_json(), data_offset=layout.data_offset,
-                tree_offset=layout.tree_offset, rows_offset=layout.data_offset,
+                tree_offset=layout.tree_offset,
                 row_stride=layout.row_stride, created_ns=time.time_ns())
             self._bind(segment, layout, owner=True, seed=seed)
         except BaseException:

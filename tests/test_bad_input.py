@@ -421,6 +421,12 @@ def CORRUPTIONS_TREE_MISALIGNED(real: bytes) -> bytes:  # noqa: N802 - a CORRUPT
     return bytes(data)
 
 
+def CORRUPTIONS_ROWS_MISALIGNED(real: bytes) -> bytes:  # noqa: N802 - a CORRUPTIONS entry
+    data = bytearray(real)
+    _set_field(data, "data_offset", _get_field(real, "data_offset") + 4)
+    return bytes(data)
+
+
 CORRUPTIONS = {
     "empty file": lambda real: b"",
     "one byte": lambda real: b"\x00",
@@ -442,6 +448,8 @@ CORRUPTIONS = {
     "capacity 2**64 - 1": _header_edit("capacity", (1 << 64) - 1),
     "tree offset outside": _header_edit("tree_offset", 1 << 40),
     "tree offset misaligned": lambda real: CORRUPTIONS_TREE_MISALIGNED(real),
+    "rows misaligned": lambda real: CORRUPTIONS_ROWS_MISALIGNED(real),
+    "rows outside": _header_edit("data_offset", 1 << 40),
     "next index out of range": _header_edit("next_index", 64),
     "stored size out of range": _header_edit("stored_size", 65),
     "layout length huge": _header_edit("layout_length", 1 << 62),
