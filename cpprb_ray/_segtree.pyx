@@ -155,7 +155,8 @@ cdef void tree_refresh(TreeView* view, const int64_t* indices, int64_t count) no
             previous = -1
             for k in range(count):
                 if k + PREFETCH_AHEAD < count:
-                    prefetch_parent(view, level, indices[k + PREFETCH_AHEAD] >> (FANOUT_BITS * level))
+                    prefetch_parent(view, level,
+                                    indices[k + PREFETCH_AHEAD] >> (FANOUT_BITS * level))
                 node = indices[k] >> (FANOUT_BITS * level)
                 if node != previous:
                     recompute_node(view, level, node)
