@@ -318,6 +318,37 @@ def test_update_priorities_with_and_without_generations(backend):
         np.testing.assert_array_equal(leaves[1:4], [0.5, 0.25, 3.0])
 
 
+def test_update_priorities_float32_and_converted_inputs_match_float64(backend):
+    # float32 priorities (TD errors from a network) take the store's own path, widened there;
+    # other kinds (lists, int32 indexes, big-endian, strided) are converted by the handle first.
+    # All must leave exactly the leaves and the max priority that float64 arrays leave.
+    rng = np.random.default_rng(5)
+    indexes = rng.integers(0, 64, 40)
+    priorities = rng.random(40).astype(np.float32) * 10
+    expected_leaves = expected_max = None
+    variants = [
+        (indexes, priorities.astype(np.float64)),
+        (indexes, priorities),
+        (indexes.astype(np.int32), priorities),
+        (indexes.astype(">i8"), priorities.astype(">f4")),
+        (np.repeat(indexes, 2)[::2], np.repeat(priorities, 2)[::2]),
+        (indexes.tolist(), priorities.tolist()),
+    ]
+    for index_input, priority_input in variants:
+        with make(backend, 64, alpha=0.7, eps=1e-3, seed=0) as rb:
+            rb.add(**rows(0, 64))
+            assert rb.update_priorities(index_input, priority_input) == 40
+            _, leaves, _, _ = rb._store.check_tree()
+            if expected_leaves is None:
+                expected_leaves, expected_max = leaves, rb.get_max_priority()
+                last = {int(i): float(p) for i, p in zip(indexes, priorities)}
+                for slot, priority in last.items():   # duplicates: the last entry wins
+                    assert leaves[slot] == pytest.approx((priority + 1e-3) ** 0.7, rel=1e-12)
+                assert expected_max == float(priorities.max())
+            np.testing.assert_array_equal(leaves, expected_leaves)
+            assert rb.get_max_priority() == expected_max
+
+
 def test_clear(backend):
     with make(backend, 4, seed=0) as rb:
         rb.add(**rows(0, 4), priorities=[5.0, 1.0, 1.0, 1.0])
