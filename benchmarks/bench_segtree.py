@@ -125,28 +125,13 @@ def check_fill(rllib) -> None:
 
 
 def interleaved_times(runs: dict, rounds: int) -> dict:
-    """Seconds per call of each ``runs[key] = (run_batch, number)``, one list entry per round.
-
-    Each round times every run once, in turn, so that a burst of load from other processes on a
-    shared machine hits ours and RLlib's alike instead of one side's whole series. The garbage
-    collector is off while timing, as in timeit: RLlib's 8M-entry lists would otherwise be
-    traversed by whichever call happens to trigger a collection.
-    """
+    """Seconds per call of each ``runs[key] = (run_batch, number)``, one list entry per round,
+    after one warm-up call of each; the rounds interleave the runs with the garbage collector off
+    (benchmarks/_common.py), so that a burst of outside load hits ours and RLlib's alike and
+    RLlib's 8M-entry lists are not traversed by whichever call triggers a collection."""
     for run_batch, _ in runs.values():
         run_batch(1)  # warm caches and any lazy initialization
-    times = {key: [] for key in runs}
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(rounds):
-            for key, (run_batch, number) in runs.items():
-                start = time.perf_counter()
-                run_batch(number)
-                times[key].append((time.perf_counter() - start) / number)
-    finally:
-        if enabled:
-            gc.enable()
-    return times
+    return _common_module().interleaved_times(runs, rounds)
 
 
 def bench_capacity(segtree, rllib, exponent: int, plan: dict, seed: int) -> dict:
