@@ -76,6 +76,24 @@ cdef extern from *:
     """
     void prefetch "CPPRB_RAY_PREFETCH"(const void* address) noexcept nogil
 
+cdef extern from *:
+    """
+    #include <stdint.h>
+    /* Publish a change of the in-flight operation marker (header.op). A holder killed between
+       two instructions leaves exactly the stores it had issued, and the repair trusts the
+       marker: the record of what to undo must be in memory before "op = ADD", and every
+       commit store before "op = NONE". Plain stores give no such order: gcc -O3 moved
+       "op = ADD" above the record and "op = NONE" above the commit (tests/test_crash_points.py
+       finds both). The fences cost nothing on x86 (compiler barriers; its stores stay in
+       program order) and are a dmb on ARM. */
+    static inline void cpprb_ray_publish_op(uint64_t* op, uint64_t value) {
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        __atomic_store_n(op, value, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+    }
+    """
+    void publish_op "cpprb_ray_publish_op"(uint64_t* op, uint64_t value) noexcept nogil
+
 cdef enum:
     GATHER_AHEAD = 8
     FUTEX_TID_MASK = 0x3fffffff
@@ -491,12 +509,12 @@ cdef class ReplayStore:
         elif h.op == OP_CLEAR:
             self.clear_locked()
         tree_rebuild(&self.tree)
-        h.op = OP_NONE
+        publish_op(&h.op, OP_NONE)
         h.repairs += 1
 
     cdef void clear_locked(self) noexcept nogil:
         cdef int64_t slot
-        self.header.op = OP_CLEAR
+        publish_op(&self.header.op, OP_CLEAR)
         cdef uint64_t* generation
         for slot in range(self.capacity):
             generation = self.generation(slot)
@@ -505,7 +523,7 @@ cdef class ReplayStore:
         self.header.next_index = 0
         self.header.stored_size = 0
         self.header.max_priority = 1.0
-        self.header.op = OP_NONE
+        publish_op(&self.header.op, OP_NONE)
 
     # -- add --------------------------------------------------------------------------------------
 
@@ -518,7 +536,7 @@ cdef class ReplayStore:
         cdef int64_t start = (<int64_t>h.next_index + skipped) % capacity
         cdef int64_t first_part = min(written, capacity - start)
         cdef int64_t k, slot, c, rb
-        cdef double weight, priority, max_priority = h.max_priority
+        cdef double weight = 0.0, priority, max_priority = h.max_priority
         cdef uint8_t* row
         cdef uint64_t* generation
         if priorities == NULL:
@@ -530,7 +548,7 @@ cdef class ReplayStore:
         h.pending_old_stored = h.stored_size
         h.pending_old_rows_added = h.rows_added
         h.pending_old_max_priority = h.max_priority
-        h.op = OP_ADD
+        publish_op(&h.op, OP_ADD)
         # 2. Copy each row into its record, move its generation to the next even number and
         #    its priority into the leaf.
         for k in range(written):
@@ -558,7 +576,7 @@ cdef class ReplayStore:
         h.stored_size = min(<int64_t>h.stored_size + written, capacity)
         h.next_index = (start + written) % capacity
         h.rows_added += count
-        h.op = OP_NONE
+        publish_op(&h.op, OP_NONE)
         return start
 
     def add(self, sources, int64_t count, priorities=None):
@@ -888,7 +906,7 @@ cdef class ReplayStore:
         # checked) of the entry GATHER_AHEAD places ahead, so several misses are in flight.
         for k in range(min(count, GATHER_AHEAD)):
             self.prefetch_update(indexes[k], generations != NULL)
-        h.op = OP_UPDATE
+        publish_op(&h.op, OP_UPDATE)
         for k in range(count):
             if k + GATHER_AHEAD < count:
                 self.prefetch_update(indexes[k + GATHER_AHEAD], generations != NULL)
@@ -910,7 +928,7 @@ cdef class ReplayStore:
             applied += 1
         tree_refresh(&self.tree, indexes, count)
         h.max_priority = max_priority
-        h.op = OP_NONE
+        publish_op(&h.op, OP_NONE)
         return applied
 
     def update(self, indexes, priorities, generations=None):
