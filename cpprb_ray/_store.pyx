@@ -91,8 +91,12 @@ cdef extern from *:
         __atomic_store_n(op, value, __ATOMIC_RELAXED);
         __atomic_thread_fence(__ATOMIC_RELEASE);
     }
+    static inline void cpprb_ray_release_fence(void) {
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+    }
     """
     void publish_op "cpprb_ray_publish_op"(uint64_t* op, uint64_t value) noexcept nogil
+    void release_fence "cpprb_ray_release_fence"() noexcept nogil
 
 cdef enum:
     GATHER_AHEAD = 8
@@ -243,6 +247,7 @@ def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps,
             raise OSError(status, "pthread_mutex_init failed")
         tree_bind(&tree, <double*>(base + <int64_t>tree_offset), <int64_t>capacity)
         tree_clear_all(&tree)
+        release_fence()   # everything above is in memory before the magic says it is
         memcpy(header.magic, CPPRB_RAY_MAGIC, 8)
     finally:
         PyBuffer_Release(&view)
