@@ -66,14 +66,15 @@ def _check(result: int, what: str) -> int:
 
 
 def symbol_offset(library: str, symbol_part: str) -> int:
-    """File offset of the one defined function whose name contains `symbol_part`.
+    """File offset of the one defined function whose name ends with `symbol_part`.
 
     Cython's cdef methods are static, so they are in the symbol table but not in the dynamic
     one: nm (binutils, present wherever the extension was compiled) reads them."""
     listing = subprocess.run(["nm", "--defined-only", library], check=True,
                              stdout=subprocess.PIPE, text=True).stdout
-    found = [line.split() for line in listing.splitlines() if symbol_part in line]
-    found = [fields for fields in found if len(fields) == 3 and fields[1] in "tT"]
+    found = [line.split() for line in listing.splitlines()]
+    found = [fields for fields in found
+             if len(fields) == 3 and fields[1] in "tT" and fields[2].endswith(symbol_part)]
     if len(found) != 1:
         raise LookupError(f"expected one function matching {symbol_part!r} in {library}; "
                           f"found {[fields[2] for fields in found]}")

@@ -12,10 +12,12 @@ SIGKILLs, which confirms that the copies stand for what a kill leaves.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import struct
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -196,31 +198,87 @@ def trace(case: str) -> Tuple[Dict[str, Any], Dict[str, Any], int, List[Tuple[in
         rb.close()
 
 
+@contextlib.contextmanager
+def opened_as_killed(snapshot: bytes, holder: int, label: str) -> Iterator[Tuple[Any, bool]]:
+    """(a view of a copy of `snapshot` as the kernel leaves it when `holder` dies, whether
+    `holder` held the lock); the copy is removed afterwards."""
+    killed, held = snapshot_as_killed(snapshot, holder)
+    path = f"/dev/shm/cpprb_ray_killed_{os.getpid()}_{label}"
+    with open(path, "wb") as handle:
+        handle.write(killed)
+    try:
+        view = cpprb_ray.attach(path)
+        try:
+            yield view, held
+        finally:
+            view.close()
+    finally:
+        os.unlink(path)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_killed_at_every_instruction(case):
     before, after, pid, states = trace(case)
     assert len(states) > 3, "the traced kernel changed the segment less often than it writes"
     seen = []
     for steps, snapshot in states:
-        path = f"/dev/shm/cpprb_ray_killed_{os.getpid()}_{steps}"
-        killed, held = snapshot_as_killed(snapshot, pid)
-        with open(path, "wb") as handle:
-            handle.write(killed)
-        try:
-            view = cpprb_ray.attach(path)
-            try:
-                state = fingerprint(view)
-                check_state(case, state, before, after, f"killed after {steps} instructions")
-                assert view._store.repairs == int(held), (
-                    "the first locker after a kill did not repair" if held else
-                    "a repair without a dead holder")
-                seen.append(state == after)
-            finally:
-                view.close()
-        finally:
-            os.unlink(path)
+        with opened_as_killed(snapshot, pid, str(steps)) as (view, held):
+            state = fingerprint(view)
+            check_state(case, state, before, after, f"killed after {steps} instructions")
+            assert view._store.repairs == int(held), (
+                "the first locker after a kill did not repair" if held else
+                "a repair without a dead holder")
+            seen.append(state == after)
     # The walk starts before the operation and ends after its commit.
     assert seen[0] is False and seen[-1] is True
+
+
+# The repairer: attach a segment whose lock holder died, and take the lock.
+REPAIRER = """
+import sys
+import cpprb_ray
+rb = cpprb_ray.attach(sys.argv[1])
+trace_me()
+rb.get_all_transitions()
+rb.close()
+"""
+
+
+@pytest.mark.parametrize("case", ["add-priorities", "add-uniform", "clear"])
+def test_repairer_killed_at_every_instruction(case):
+    """Repair is idempotent: a repairer killed at any instruction of the repair leaves a
+    segment that the next locker repairs to what one uninterrupted repair gives."""
+    _, _, pid, states = trace(case)
+    # A holder killed halfway through the operation, while it held the lock.
+    middle = [(steps, snapshot) for steps, snapshot in states
+              if snapshot_as_killed(snapshot, pid)[1]]
+    steps, snapshot = middle[len(middle) // 2]
+    with opened_as_killed(snapshot, pid, "reference") as (view, held):
+        assert held
+        reference = fingerprint(view)
+        assert view._store.repairs == 1
+    killed, _ = snapshot_as_killed(snapshot, pid)
+    path = f"/dev/shm/cpprb_ray_killed_{os.getpid()}_holder"
+    with open(path, "wb") as handle:
+        handle.write(killed)
+    repairer = None
+    try:
+        with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as memory:
+            repairer = _ptrace.Tracee(REPAIRER, [path])
+            repairs = _ptrace.step_through(repairer, _store.__file__, "ReplayStore_repair",
+                                           lambda: memory[:])
+            assert repairer.finish() == 0
+            assert len(repairs) > 3
+            for count, during in repairs:
+                with opened_as_killed(during, repairer.pid, f"repair_{count}") as (view, held):
+                    assert held, "the repairer did not hold the lock"
+                    assert fingerprint(view) == reference, (
+                        f"the holder killed after {steps} instructions, its repairer after "
+                        f"{count}: the next repair differs from an uninterrupted one")
+    finally:
+        if repairer is not None:
+            repairer.kill()
+        os.unlink(path)
 
 
 @pytest.mark.parametrize("case", ["add-uniform", "add-priorities", "update"])
