@@ -18,9 +18,11 @@ import platform
 import signal
 import subprocess
 import sys
+import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 SUPPORTED = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+RUN_TIMEOUT = 60.0  # seconds a child may run untraced: start-up (numpy, the buffer) and so on
 
 PTRACE_TRACEME = 0
 PTRACE_PEEKDATA = 2
@@ -104,23 +106,39 @@ class Tracee:
                                         env=environment)
         self.pid = self.process.pid
         self.alive = True
-        self._expect_stop(signal.SIGSTOP, "the child's own SIGSTOP")
+        self._expect_stop(signal.SIGSTOP, "the child's own SIGSTOP", RUN_TIMEOUT)
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    def _wait(self) -> int:
-        _, status = os.waitpid(self.pid, 0)
+    def _wait(self, timeout: Optional[float] = None) -> int:
+        """The child's next status change. A single step always comes back at once; a child
+        left to run (start-up, up to a breakpoint, to its end) gets `timeout` seconds, then it
+        is killed, so a test never hangs on it."""
+        if timeout is None:
+            _, status = os.waitpid(self.pid, 0)
+        else:
+            deadline = time.monotonic() + timeout
+            while True:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise TimeoutError(f"child {self.pid} did not stop within {timeout} s")
+                time.sleep(0.001)
         if os.WIFEXITED(status) or os.WIFSIGNALED(status):
             self.alive = False
             self.process.returncode = (os.WEXITSTATUS(status) if os.WIFEXITED(status)
                                        else -os.WTERMSIG(status))
         return status
 
-    def _expect_stop(self, sig: int, what: str) -> None:
-        status = self._wait()
+    def _expect_stop(self, sig: int, what: str, timeout: Optional[float] = None) -> None:
+        status = self._wait(timeout)
         if not os.WIFSTOPPED(status) or os.WSTOPSIG(status) != sig:
-            raise RuntimeError(f"child {self.pid} did not stop for {what}: status {status:#x} "
-                               f"(exit code {self.process.returncode})")
+            raise RuntimeError(
+                f"child {self.pid} did not stop for {what}: status {status:#x} (exit code "
+                f"{self.process.returncode}; an exit code of 1 at start-up with 'PTRACE_TRACEME "
+                f"failed' above means ptrace is not allowed here: Yama, seccomp)")
 
     def registers(self) -> Registers:
         regs = Registers()
@@ -147,7 +165,7 @@ class Tracee:
         original = self.peek(address)
         self._poke(address, (original & ~0xFF) | 0xCC)
         _check(_ptrace(PTRACE_CONT, self.pid, None, None), "CONT")
-        self._expect_stop(signal.SIGTRAP, f"the breakpoint on {symbol_part}")
+        self._expect_stop(signal.SIGTRAP, f"the breakpoint on {symbol_part}", RUN_TIMEOUT)
         self._poke(address, original)
         regs = self.registers()
         if regs.rip != address + 1:
@@ -172,11 +190,11 @@ class Tracee:
                 self._wait()
         return self.process.returncode
 
-    def finish(self, timeout: float = 30.0) -> int:
+    def finish(self) -> int:
         """Let the child run to its end; its exit code."""
         _check(_ptrace(PTRACE_CONT, self.pid, None, None), "CONT")
         while self.alive:
-            status = self._wait()
+            status = self._wait(RUN_TIMEOUT)
             if self.alive and os.WIFSTOPPED(status):  # pass any signal on, untouched
                 _check(_ptrace(PTRACE_CONT, self.pid, None, os.WSTOPSIG(status)), "CONT")
         return self.process.returncode
