@@ -86,13 +86,13 @@ cdef extern from *:
        "op = ADD" above the record and "op = NONE" above the commit (tests/test_crash_points.py
        finds both). The fences cost nothing on x86 (compiler barriers; its stores stay in
        program order) and are a dmb on ARM. */
-    static inline void cpprb_ray_publish_op(uint64_t* op, uint64_t value) {
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-        __atomic_store_n(op, value, __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-    }
     static inline void cpprb_ray_release_fence(void) {
         __atomic_thread_fence(__ATOMIC_RELEASE);
+    }
+    static inline void cpprb_ray_publish_op(uint64_t* op, uint64_t value) {
+        cpprb_ray_release_fence();
+        __atomic_store_n(op, value, __ATOMIC_RELAXED);
+        cpprb_ray_release_fence();
     }
     """
     void publish_op "cpprb_ray_publish_op"(uint64_t* op, uint64_t value) noexcept nogil

@@ -12,6 +12,7 @@ a row that mixes two writes ("torn") is recognised from its contents alone (:fun
 from __future__ import annotations
 
 import gc
+import math
 import os
 import pickle
 import sys
@@ -85,6 +86,22 @@ def check_sample(rb, batch: Dict[str, np.ndarray]) -> list:
     if weights is not None and not (np.isfinite(weights).all() and (weights > 0).all()
                                     and (weights <= 1).all()):
         problems.append(f"weights outside (0, 1]: {weights[:8].tolist()}")
+    return problems
+
+
+def tree_problems(tree: Any) -> list:
+    """Problems of ``_store.check_tree()``'s (root_sum, leaf_sums, root_min, leaf_mins): the
+    root sum must be the sum of the leaves (to 1e-9) and the root min the least finite leaf
+    min (inf when there is none)."""
+    root_sum, leaf_sums, root_min, leaf_mins = tree
+    problems = []
+    exact = math.fsum(leaf_sums)
+    if not math.isclose(root_sum, exact, rel_tol=1e-9, abs_tol=0.0):
+        problems.append(f"root sum {root_sum!r} != sum of the leaves {exact!r}")
+    finite = leaf_mins[leaf_mins != np.inf]
+    least = finite.min() if finite.size else np.inf
+    if root_min != least:
+        problems.append(f"root min {root_min!r} != least leaf {least!r}")
     return problems
 
 

@@ -110,11 +110,9 @@ def fingerprint(rb) -> Dict[str, Any]:
         "slots": tuple(next(serials) if odd == 0 else "torn" for odd in parity)}
     assert next(serials, None) is None
     if prioritized(rb):
-        root_sum, leaf_sums, root_min, leaf_mins = rb._store.check_tree()
-        assert np.isclose(root_sum, leaf_sums.sum(), rtol=1e-12, atol=0.0)
-        finite = leaf_mins[leaf_mins != np.inf]
-        assert root_min == (finite.min() if finite.size else np.inf)
-        state["leaves"] = tuple(leaf_sums.tolist())
+        tree = rb._store.check_tree()
+        assert _workers.tree_problems(tree) == []
+        state["leaves"] = tuple(tree[1].tolist())
         state["max_priority"] = rb.get_max_priority()
     return state
 
