@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 SUPPORTED = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
 RUN_TIMEOUT = 60.0  # seconds a child may run untraced: start-up (numpy, the buffer) and so on
@@ -98,10 +98,8 @@ class Tracee:
     """A child started with `code` (which must call trace_me() from TRACE_ME before the work
     to trace), stopped and traced by this process."""
 
-    def __init__(self, code: str, args: Sequence[str] = (),
-                 env: Optional[Dict[str, str]] = None) -> None:
-        environment = dict(os.environ if env is None else env)
-        environment["OPENBLAS_NUM_THREADS"] = "1"  # one thread: the one that is traced
+    def __init__(self, code: str, args: Sequence[str] = ()) -> None:
+        environment = dict(os.environ, OPENBLAS_NUM_THREADS="1")  # one thread: the traced one
         self.process = subprocess.Popen([sys.executable, "-c", TRACE_ME + code, *args],
                                         env=environment)
         self.pid = self.process.pid
