@@ -38,7 +38,7 @@ directives = {
 
 # No -march=native: wheels must run on any x86_64 / aarch64 machine.
 compile_args = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3"]
-macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+macros: list = []
 libraries = ["pthread"] if sys.platform.startswith("linux") else []
 
 extensions = [
@@ -49,7 +49,7 @@ extensions = [
         libraries=libraries,
         define_macros=macros,
     )
-    for name in ("_segtree", "_sync", "_store")
+    for name in ("_segtree", "_sync", "_rules", "_core", "_store")
 ]
 
 setup(

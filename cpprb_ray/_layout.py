@@ -11,12 +11,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from cpprb_ray import _store
+from cpprb_ray import _rules, _store
 
 DATA_ALIGN = 4096      # rows start on a page
 LINE = 64              # the tree starts on a cache line; records never straddle one needlessly
 GENERATION_BYTES = 8   # every record starts with its slot's uint64 generation
-RESERVED_KEYS = ("indexes", "weights", "generations", "priorities")
+# sample()'s extra outputs, and add()'s own keyword arguments (a column named "self" or
+# "timeout" could never be passed to add).
+RESERVED_KEYS = ("indexes", "weights", "generations", "priorities", "self", "timeout")
 
 
 def _align(value: int, to: int) -> int:
@@ -52,7 +54,8 @@ def parse_env_dict(env_dict: Mapping[str, Any]) -> List[Column]:
             raise ValueError(f"env_dict keys must be identifiers (they are keyword arguments "
                              f"of add); got {name!r}")
         if name in RESERVED_KEYS:
-            raise ValueError(f"env_dict key {name!r} is reserved for sample()'s output")
+            raise ValueError(f"env_dict key {name!r} is reserved (sample()'s output or add()'s "
+                             f"own argument)")
         if spec is None:
             spec = {}
         if not isinstance(spec, Mapping):
@@ -62,25 +65,8 @@ def parse_env_dict(env_dict: Mapping[str, Any]) -> List[Column]:
         if unknown:
             raise ValueError(f"env_dict[{name!r}] has unsupported keys {sorted(unknown)}; "
                              f"expected 'shape' and 'dtype'")
-        shape_spec = spec.get("shape", 1)
-        if isinstance(shape_spec, (int, np.integer)) and not isinstance(shape_spec, bool):
-            shape: Tuple[int, ...] = (int(shape_spec),)
-        elif isinstance(shape_spec, (tuple, list)) and all(
-                isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape_spec):
-            shape = tuple(int(d) for d in shape_spec)
-        else:
-            raise TypeError(f"env_dict[{name!r}]['shape'] must be an int or a tuple of ints; "
-                            f"got {shape_spec!r}")
-        if any(d <= 0 for d in shape):
-            raise ValueError(f"env_dict[{name!r}]['shape'] must be positive; got {shape}")
-        try:
-            dtype = np.dtype(spec.get("dtype", np.float32))
-        except TypeError as error:
-            raise TypeError(f"env_dict[{name!r}]['dtype'] is not a numpy dtype: "
-                            f"{spec.get('dtype')!r}") from error
-        if dtype.hasobject or dtype.itemsize == 0 or dtype.fields is not None:
-            raise TypeError(f"env_dict[{name!r}]['dtype'] must be a fixed-size plain dtype; "
-                            f"got {dtype}")
+        dtype = _rules.column_dtype(spec.get("dtype", np.float32), name)
+        shape = _rules.column_shape(spec.get("shape", 1), dtype, name)
         columns.append(Column(name, dtype, shape))
     return columns
 

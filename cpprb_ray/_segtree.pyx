@@ -194,11 +194,19 @@ cdef void tree_unset(TreeView* view, const int64_t* indices, int64_t count) noex
 
 
 cdef void tree_rebuild(TreeView* view) noexcept nogil:
+    """Recompute every inner node from the leaves, and rewrite every padding entry too: the
+    repair calls this on memory a dead process or a corrupt segment left, and a stray value in
+    a padding node would steer searches past the last slot."""
     cdef int level
     cdef int64_t node
+    for node in range(view.capacity, round_up(view.capacity, FANOUT)):
+        view.sums[node] = unset_leaf()
     for level in range(1, view.depth + 1):
         for node in range(view.counts[level]):
             recompute_node(view, level, node)
+        for node in range(view.counts[level], round_up(view.counts[level], FANOUT)):
+            view.sums[view.offsets[level] + node] = 0.0
+            view.mins[view.offsets[level] + node] = INFINITY
 
 
 cdef double tree_total(const TreeView* view) noexcept nogil:

@@ -1,6 +1,8 @@
 # cython: language_level=3
 # A process-shared, robust pthread mutex that lives inside the segment it guards.
 
+from posix.time cimport timespec
+
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_mutex_t:
         pass
@@ -16,9 +18,13 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_mutex_lock(pthread_mutex_t* mutex)
     int pthread_mutex_unlock(pthread_mutex_t* mutex)
     int pthread_mutex_consistent(pthread_mutex_t* mutex)
+    int pthread_mutex_trylock(pthread_mutex_t* mutex)
+    int pthread_mutex_timedlock(pthread_mutex_t* mutex, const timespec* deadline)
 
 cdef extern from "<errno.h>" nogil:
     int EOWNERDEAD
+    int ETIMEDOUT
+    int EBUSY
 
 cdef enum:
     # Bytes reserved for the mutex in a segment: sizeof(pthread_mutex_t) is 40 on x86_64 glibc
@@ -29,9 +35,13 @@ cdef enum:
 cdef enum:
     LOCKED = 0
     LOCKED_OWNER_DIED = 1     # we hold it; the previous holder died: repair, then mark consistent
+    LOCK_TIMED_OUT = 2        # not acquired within the time given
 
 cdef int mutex_init(pthread_mutex_t* mutex) noexcept nogil
 cdef int mutex_lock(pthread_mutex_t* mutex) noexcept nogil
+cdef int mutex_trylock(pthread_mutex_t* mutex) noexcept nogil
+cdef int mutex_timedlock(pthread_mutex_t* mutex, double seconds) noexcept nogil
+cdef int mutex_holder(const pthread_mutex_t* mutex) noexcept nogil
 cdef int mutex_unlock(pthread_mutex_t* mutex) noexcept nogil
 cdef int mutex_consistent(pthread_mutex_t* mutex) noexcept nogil
 

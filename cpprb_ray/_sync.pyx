@@ -9,12 +9,22 @@ marks the mutex consistent. Waiting always happens with the GIL released.
 
 from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uintptr_t
+from posix.time cimport CLOCK_REALTIME, clock_gettime
 from libc.string cimport memset
 
-if sizeof(pthread_mutex_t) > MUTEX_BYTES:  # pragma: no cover - checked on every supported libc
-    raise ImportError(f"pthread_mutex_t needs {sizeof(pthread_mutex_t)} bytes, > {MUTEX_BYTES}")
+cdef extern from *:
+    """
+    #include <pthread.h>
+    /* Checked when the extension is built, not when it is imported: a libc whose mutex does not
+       fit the 64 bytes a segment reserves for it (MUTEX_BYTES) cannot build us at all. */
+    _Static_assert(sizeof(pthread_mutex_t) <= 64,
+                   "pthread_mutex_t outgrew the 64 bytes a segment reserves for it");
+    """
 
 MUTEX_NBYTES = MUTEX_BYTES
+
+cdef enum:
+    FUTEX_TID_MASK = 0x3fffffff
 
 
 cdef int mutex_init(pthread_mutex_t* mutex) noexcept nogil:
@@ -41,6 +51,45 @@ cdef int mutex_lock(pthread_mutex_t* mutex) noexcept nogil:
     if status == EOWNERDEAD:
         return LOCKED_OWNER_DIED
     return -status
+
+
+cdef int mutex_trylock(pthread_mutex_t* mutex) noexcept nogil:
+    """LOCKED, LOCKED_OWNER_DIED, LOCK_TIMED_OUT (held by someone else) or -errno, at once."""
+    cdef int status = pthread_mutex_trylock(mutex)
+    if status == 0:
+        return LOCKED
+    if status == EOWNERDEAD:
+        return LOCKED_OWNER_DIED
+    if status == EBUSY:
+        return LOCK_TIMED_OUT
+    return -status
+
+
+cdef int mutex_timedlock(pthread_mutex_t* mutex, double seconds) noexcept nogil:
+    """mutex_lock that gives up after `seconds`: LOCKED, LOCKED_OWNER_DIED, LOCK_TIMED_OUT or
+    -errno. Callers wait in slices so that they can look at signals and their own deadline
+    between two slices (a holder that is stopped, or a lock word no thread will ever clear,
+    must not block them forever)."""
+    cdef timespec deadline
+    cdef long nanoseconds
+    clock_gettime(CLOCK_REALTIME, &deadline)   # timedlock measures against CLOCK_REALTIME
+    nanoseconds = deadline.tv_nsec + <long>((seconds - <long>seconds) * 1e9)
+    deadline.tv_sec += <long>seconds + nanoseconds // 1000000000
+    deadline.tv_nsec = nanoseconds % 1000000000
+    cdef int status = pthread_mutex_timedlock(mutex, &deadline)
+    if status == 0:
+        return LOCKED
+    if status == EOWNERDEAD:
+        return LOCKED_OWNER_DIED
+    if status == ETIMEDOUT:
+        return LOCK_TIMED_OUT
+    return -status
+
+
+cdef int mutex_holder(const pthread_mutex_t* mutex) noexcept nogil:
+    """Thread id of the holder (0 when free): glibc keeps it in the first int of a robust
+    mutex, under the FUTEX_WAITERS and FUTEX_OWNER_DIED bits."""
+    return (<const int*>mutex)[0] & FUTEX_TID_MASK
 
 
 cdef int mutex_unlock(pthread_mutex_t* mutex) noexcept nogil:

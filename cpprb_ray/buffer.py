@@ -16,15 +16,12 @@ from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
-from cpprb_ray import _layout, _memory, _store
+from cpprb_ray import _layout, _memory, _rules, _store
 
 __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-_INT64 = np.dtype(np.int64)
-_FLOAT32 = np.dtype(np.float32)
-_UINT64 = np.dtype(np.uint64)
 _FLOAT_MAX = float(np.finfo(np.float64).max)
 
 
@@ -37,34 +34,8 @@ def _cleanup(segment: _memory.Segment, owner_pid: int) -> None:
         _memory.unlink(segment.backend, segment.location)
 
 
-def _as_count(value: Any, name: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    return int(value)
-
-
-def _as_real(value: Any, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
-                                                                      np.floating)):
-        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite; got {value}")
-    return value
-
-
-def _as_priorities(store: _store.ReplayStore, priorities: Any, count: int,
-                   name: str = "priorities") -> np.ndarray:
-    array = priorities if type(priorities) is np.ndarray else np.asarray(priorities)
-    if array.dtype.kind not in "iuf":
-        raise TypeError(f"{name} must be real numbers; got dtype {array.dtype}")
-    if array.ndim > 1:
-        raise ValueError(f"{name} must be a scalar or 1-D; got shape {array.shape}")
-    array = np.ascontiguousarray(array.reshape(-1), dtype=np.float64)
-    if array.shape[0] != count:
-        raise ValueError(f"{name} must have {count} entries (one per row); got {array.shape[0]}")
-    store.check_priorities(array, name)
-    return array
+_as_count = _rules.as_count
+_as_real = _rules.as_real
 
 
 class ReplayBuffer:
@@ -145,12 +116,8 @@ class ReplayBuffer:
         self._layout = layout
         self._columns = layout.columns
         self._column_names = frozenset(c.name for c in layout.columns)
-        self._store = _store.ReplayStore(segment.memory, [c.offset for c in layout.columns],
-                                         [c.row_bytes for c in layout.columns], seed,
-                                         [c.dtype for c in layout.columns],
-                                         [c.shape for c in layout.columns])
+        self._store = _store.ReplayStore(segment.memory, layout.columns, seed)
         self._column_order = tuple(c.name for c in layout.columns)
-        self._outputs = tuple((c.name, c.shape, c.dtype) for c in layout.columns)
         self._owner = owner
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
@@ -323,43 +290,18 @@ class ReplayBuffer:
 
     # -- add ----------------------------------------------------------------------------------
 
-    def _rows(self, columns: Dict[str, Any]) -> tuple:
-        """Validate and cast one transition or a batch; returns (arrays, count)."""
-        if len(columns) != len(self._columns) or not self._column_names.issuperset(columns):
-            missing = sorted(self._column_names - set(columns))
-            unknown = sorted(set(columns) - self._column_names)
-            raise ValueError(f"add needs exactly the columns {sorted(self._column_names)}; "
-                             f"missing {missing}, unknown {unknown}")
-        arrays = []
-        count = -1
-        for column in self._columns:
-            value = columns[column.name]
-            array = value if type(value) is np.ndarray else np.asarray(value)
-            if array.dtype != column.dtype:
-                if array.dtype.kind not in "biuf" or not np.can_cast(
-                        array.dtype, column.dtype, casting="same_kind"):
-                    raise TypeError(f"column {column.name!r} has dtype {column.dtype}; cannot "
-                                    f"cast {array.dtype} to it (same_kind casting)")
-                array = array.astype(column.dtype)
-            shape = array.shape
-            if shape == column.shape or (column.shape == (1,) and shape == ()):
-                rows = 1
-            elif shape[1:] == column.shape or (column.shape == (1,) and array.ndim == 1):
-                rows = shape[0]
-            else:
-                raise ValueError(f"column {column.name!r} must have shape {column.shape} or "
-                                 f"(batch, *{column.shape}); got {shape}")
-            if count < 0:
-                count = rows
-            elif rows != count:
-                raise ValueError(f"ragged batch: column {column.name!r} has {rows} rows, "
-                                 f"{self._columns[0].name!r} has {count}")
-            if not array.flags.c_contiguous:
-                array = np.ascontiguousarray(array)
-            arrays.append(array)
-        if count == 0:
-            raise ValueError("add needs at least one row; got a batch of 0")
-        return arrays, count
+    def _values(self, columns: Dict[str, Any]) -> list:
+        """The values of `columns` in column order, or ValueError naming what is missing or
+        unknown."""
+        if len(columns) == len(self._column_order):
+            try:
+                return [columns[name] for name in self._column_order]
+            except KeyError:
+                pass
+        missing = sorted(self._column_names - set(columns))
+        unknown = sorted(set(columns) - self._column_names)
+        raise ValueError(f"add needs exactly the columns {sorted(self._column_names)}; "
+                         f"missing {missing}, unknown {unknown}")
 
     def add(self, **columns: Any) -> int:
         """add(**columns) -> int: store one transition or a batch; returns the first slot written.
@@ -377,21 +319,7 @@ class ReplayBuffer:
         0
         1
         """
-        first = self._try_add(columns)
-        if first is not None:
-            return first
-        arrays, count = self._rows(columns)
-        return int(self._store.add(arrays, count))
-
-    def _try_add(self, columns: Dict[str, Any]) -> Optional[int]:
-        """The fast path for values that need no numpy conversion (see ReplayStore.try_add)."""
-        if len(columns) != len(self._column_order):
-            return None
-        try:
-            values = [columns[name] for name in self._column_order]
-        except KeyError:
-            return None
-        return self._store.try_add(values)
+        return self._store.add(self._values(columns))
 
     # -- sample -------------------------------------------------------------------------------
 
@@ -401,19 +329,6 @@ class ReplayBuffer:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0; got {batch_size}")
         return batch_size
-
-    def _sample(self, batch: int, beta: float) -> Dict[str, np.ndarray]:
-        # Fresh arrays every call (never views of the segment or of reused scratch memory).
-        empty = np.empty
-        result = {name: empty((batch,) + shape, dtype) for name, shape, dtype in self._outputs}
-        indexes = empty(batch, _INT64)
-        weights = empty(batch, _FLOAT32)
-        generations = empty(batch, _UINT64)
-        self._store.sample(batch, beta, list(result.values()), indexes, weights, generations)
-        result["indexes"] = indexes
-        result["weights"] = weights
-        result["generations"] = generations
-        return result
 
     def sample(self, batch_size: int) -> Dict[str, np.ndarray]:
         """sample(batch_size) -> dict: uniform sample with replacement.
@@ -430,7 +345,7 @@ class ReplayBuffer:
         ...     print(sorted(batch), batch["obs"].shape, batch["indexes"].dtype)
         ['generations', 'indexes', 'obs'] (5, 2) int64
         """
-        result = self._sample(self._check_batch(batch_size), 0.0)
+        result = self._store.sample(self._check_batch(batch_size), 0.0)
         del result["weights"]
         return result
 
@@ -559,6 +474,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"alpha must be >= 0; got {alpha}")
         if eps < 0:
             raise ValueError(f"eps must be >= 0; got {eps}")
+        if isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size > 0:
+            _rules.check_alpha_eps(alpha, eps, int(size))
         self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps)
 
     def add(self, *, priorities: Any = None, **columns: Any) -> int:
@@ -576,16 +493,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         0
         2 3.0
         """
-        if priorities is None:
-            first = self._try_add(columns)
-            if first is not None:
-                return first
-        arrays, count = self._rows(columns)
-        if priorities is not None:
-            priorities = _as_priorities(self._store, priorities, count)
-        return int(self._store.add(arrays, count, priorities))
+        return self._store.add(self._values(columns), priorities)
 
-    def sample(self, batch_size: int, beta: float = 0.4) -> Dict[str, np.ndarray]:
+    def sample(self, batch_size: int, beta: float = 0.4, *,
+               out: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
         """sample(batch_size, beta=0.4) -> dict: stratified proportional sample with replacement.
 
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
@@ -607,7 +518,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             beta = _as_real(beta, "beta")
             if beta < 0:
                 raise ValueError(f"beta must be >= 0; got {beta}")
-        return self._sample(batch, beta)
+        return self._store.sample(batch, beta, out)
 
     def update_priorities(self, indexes: Any, priorities: Any,
                           generations: Any = None) -> int:
@@ -628,47 +539,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         2 5.0
         0
         """
-        # Arrays as sample() returns them (float32 or float64 priorities) go straight in; -1
-        # means they are of some other kind and are converted below.
-        applied = self._store.update(indexes, priorities, generations)
-        if applied >= 0:
-            return int(applied)
-        index_array = indexes if type(indexes) is np.ndarray else np.asarray(indexes)
-        if index_array.dtype.kind not in "iu":
-            if not (index_array.size == 0 and index_array.dtype.kind == "f"):
-                raise TypeError(f"indexes must be integers; got dtype {index_array.dtype}")
-        if index_array.ndim > 1:
-            raise ValueError(f"indexes must be a scalar or 1-D; got shape {index_array.shape}")
-        if index_array.dtype.kind == "u" and index_array.size and index_array.max() > 2**62:
-            raise IndexError(f"indexes must be below the stored size; got {index_array.max()}")
-        index_array = np.ascontiguousarray(index_array.reshape(-1), dtype=np.int64)
-        count = index_array.shape[0]
-        priority_array = priorities if type(priorities) is np.ndarray else np.asarray(priorities)
-        if priority_array.dtype.kind not in "iuf":
-            raise TypeError(f"priorities must be real numbers; got dtype {priority_array.dtype}")
-        if priority_array.ndim > 1:
-            raise ValueError(f"priorities must be a scalar or 1-D; got shape "
-                             f"{priority_array.shape}")
-        priority_array = np.ascontiguousarray(priority_array.reshape(-1), dtype=np.float64)
-        if priority_array.shape[0] != count:
-            raise ValueError(f"priorities must have {count} entries (one per index); got "
-                             f"{priority_array.shape[0]}")
-        generation_array = None
-        if generations is not None:
-            generation_array = np.asarray(generations)
-            if generation_array.dtype.kind not in "iu" and generation_array.size:
-                raise TypeError(f"generations must be unsigned integers; got dtype "
-                                f"{generation_array.dtype}")
-            if generation_array.ndim > 1 or generation_array.size != count:
-                raise ValueError(f"generations must be 1-D with {count} entries (one per "
-                                 f"index); got shape {generation_array.shape}")
-            if generation_array.dtype.kind == "i" and generation_array.size and (
-                    generation_array.min() < 0):
-                raise ValueError("generations must be >= 0")
-            generation_array = np.ascontiguousarray(generation_array.reshape(-1),
-                                                    dtype=np.uint64)
-        # Range and finiteness are checked by the store in one GIL-free pass each.
-        return int(self._store.update(index_array, priority_array, generation_array))
+        return self._store.update(indexes, priorities, generations)
 
     def get_max_priority(self) -> float:
         """The largest raw priority seen (1.0 before any was given).

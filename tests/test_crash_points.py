@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import cpprb_ray
-from cpprb_ray import _store
+from cpprb_ray import _core, _store
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _ptrace  # noqa: E402
@@ -67,15 +67,13 @@ rb.close()
 # case: (buffer class, rows already there, rows the operation adds, what the child does,
 #        the traced kernel)
 CASES = {
-    "add-uniform": (cpprb_ray.ReplayBuffer, 6, 4, "add", "add_locked"),  # wraps the ring
-    "add-priorities": (cpprb_ray.PrioritizedReplayBuffer, 6, 4, "add-priorities", "add_locked"),
+    "add-uniform": (cpprb_ray.ReplayBuffer, 6, 4, "add", "store_add"),  # wraps the ring
+    "add-priorities": (cpprb_ray.PrioritizedReplayBuffer, 6, 4, "add-priorities", "store_add"),
     # Not full, and the new priorities raise the maximum.
     "add-max-priority": (cpprb_ray.PrioritizedReplayBuffer, 3, 3, "add-priorities",
-                         "add_locked"),
-    "update": (cpprb_ray.PrioritizedReplayBuffer, 8, 5, "update", "update_locked"),
-    # gcc inlines clear_locked into _clear, so _clear is traced; it takes the lock itself, and a
-    # kill before it has the lock or after it let go leaves nothing to repair.
-    "clear": (cpprb_ray.PrioritizedReplayBuffer, 5, 0, "clear", "_clear"),
+                         "store_add"),
+    "update": (cpprb_ray.PrioritizedReplayBuffer, 8, 5, "update", "store_update"),
+    "clear": (cpprb_ray.PrioritizedReplayBuffer, 5, 0, "clear", "store_clear"),
 }
 
 
@@ -183,7 +181,7 @@ def trace(case: str) -> Tuple[Dict[str, Any], Dict[str, Any], int, List[Tuple[in
         before = fingerprint(rb)
         child = start_child(case, rb)
         memory = rb._segment.memory
-        states = _ptrace.step_through(child, _store.__file__, "ReplayStore_" + CASES[case][4],
+        states = _ptrace.step_through(child, _core.__file__, "_core_" + CASES[case][4],
                                       lambda: memory[:])
         pid = child.pid
         assert child.finish() == 0
@@ -263,7 +261,7 @@ def test_repairer_killed_at_every_instruction(case):
     try:
         with open(path, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as memory:
             repairer = _ptrace.Tracee(REPAIRER, [path])
-            repairs = _ptrace.step_through(repairer, _store.__file__, "ReplayStore_repair",
+            repairs = _ptrace.step_through(repairer, _core.__file__, "_core_store_repair",
                                            lambda: memory[:])
             assert repairer.finish() == 0
             assert len(repairs) > 3
@@ -291,7 +289,7 @@ def test_real_sigkill_at_spread_instructions(case):
             assert fingerprint(rb) == before
             repairs = rb._store.repairs
             child = start_child(case, rb)
-            child.run_to_function(_store.__file__, "ReplayStore_" + CASES[case][4])
+            child.run_to_function(_core.__file__, "_core_" + CASES[case][4])
             for _ in range(steps):
                 child.step()
             assert child.kill() == -9

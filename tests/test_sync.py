@@ -30,7 +30,9 @@ try:  # Python >= 3.8
 except ImportError:  # pragma: no cover - Python 3.7
     shared_memory = None
 
-SEGMENT_PREFIX = "cpprb_ray_test_"
+# Not "cpprb_ray...": these are bare mutexes, not buffers, and the leak check of a pytest run
+# beside this one (tests/conftest.py) would take them for its own unreadable segments.
+SEGMENT_PREFIX = "cpprbray_mutex_test_"
 
 # A spawned child runs this file through runpy under this name (see the end of the file), so it
 # needs neither the tests directory on sys.path nor pytest's module name for this file.

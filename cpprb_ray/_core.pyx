@@ -1,0 +1,402 @@
+# cython: language_level=3
+"""The store's nogil core: add, sample, update, clear, snapshot and repair on raw pointers.
+
+Nothing here validates user input or touches a Python object; :mod:`cpprb_ray._store` does both
+before it calls in. What the core does check is the segment itself: every header field a kernel
+or the repair indexes with is bounded by the capacity first (``header_problem``), every sampled
+index by the stored size, and every loop by the capacity, so a corrupt or hostile segment gives
+a Status (ST_CORRUPT, ST_NAN_TREE), never a wild access or an endless loop.
+
+Crash protocol (docs/design.md): an operation records what it is about to do in the header
+(``op``, and for an add the slots it writes and the values to roll back to), then writes, then
+commits and clears ``op``. Every change of ``op`` goes through ``publish_op`` (fences), because a
+holder killed between two instructions leaves exactly the stores it had issued, in program order.
+"""
+
+from libc.math cimport floor, isfinite, pow, powf
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.string cimport memcpy
+
+from cpprb_ray._segtree cimport (TreeView, Xoshiro256, is_unset, rng_uniform, tree_bind,
+                                 tree_clear_all, tree_min, tree_rebuild, tree_refresh,
+                                 tree_refresh_range, tree_sample, tree_total, unset_leaf)
+from cpprb_ray._sync cimport (LOCK_TIMED_OUT, LOCKED, LOCKED_OWNER_DIED, mutex_consistent,
+                              mutex_timedlock, mutex_trylock, mutex_unlock, pthread_mutex_t)
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #if defined(__GNUC__) || defined(__clang__)
+    #define CPPRB_RAY_PREFETCH(address) __builtin_prefetch((address), 0, 1)
+    #else
+    #define CPPRB_RAY_PREFETCH(address) ((void)(address))
+    #endif
+    /* Publish a change of the in-flight operation marker (header.op). The record of what to undo
+       must be in memory before "op = ADD", and every commit store before "op = NONE": gcc -O3
+       moved both across plain stores (tests/test_crash_points.py finds it). The fences are
+       compiler barriers on x86 (its stores stay in program order) and a dmb on ARM. */
+    static inline void cpprb_ray_release_fence(void) {
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+    }
+    static inline void cpprb_ray_publish_op(uint64_t* op, uint64_t value) {
+        cpprb_ray_release_fence();
+        __atomic_store_n(op, value, __ATOMIC_RELAXED);
+        cpprb_ray_release_fence();
+    }
+    """
+    void prefetch "CPPRB_RAY_PREFETCH"(const void* address) noexcept nogil
+    void publish_op "cpprb_ray_publish_op"(uint64_t* op, uint64_t value) noexcept nogil
+    void release_fence "cpprb_ray_release_fence"() noexcept nogil
+
+cdef enum:
+    GATHER_AHEAD = 8      # records asked for ahead of their use, so that misses overlap
+
+# The header must fit the space the segment reserves for it: an array of negative size fails the
+# C compile, so this is checked when the extension is built, not when it is imported.
+cdef enum:
+    HEADER_SPARE_BYTES = HEADER_BYTES - sizeof(Header)
+cdef char header_fits_its_space[HEADER_SPARE_BYTES + 1]
+
+
+cdef inline void copy_field(uint8_t* dst, const uint8_t* src, int64_t size) noexcept nogil:
+    # Small fixed sizes are the common case (scalars, float32[4]); let the compiler inline them.
+    if size == 4:
+        memcpy(dst, src, 4)
+    elif size == 8:
+        memcpy(dst, src, 8)
+    elif size == 16:
+        memcpy(dst, src, 16)
+    else:
+        memcpy(dst, src, <size_t>size)
+
+
+cdef inline uint64_t* generation_of(StoreView* view, int64_t slot) noexcept nogil:
+    return <uint64_t*>(view.rows + slot * view.stride)
+
+
+cdef inline void prefetch_record(const StoreView* view, int64_t slot) noexcept nogil:
+    cdef const uint8_t* record = view.rows + slot * view.stride
+    cdef int64_t line
+    for line in range(0, view.stride, 64):
+        prefetch(record + line)
+
+
+cdef void view_bind(StoreView* view, uint8_t* base, const int64_t* columns,
+                    const int64_t* row_bytes, int column_count) noexcept nogil:
+    """Point `view` at a segment whose header and layout were validated (_layout.read)."""
+    cdef Header* header = <Header*>base
+    view.header = header
+    view.mutex = <pthread_mutex_t*>(base + MUTEX_AT)
+    view.capacity = <int64_t>header.capacity
+    view.prioritized = header.prioritized != 0
+    view.stride = <int64_t>header.row_stride
+    view.rows = base + header.data_offset
+    tree_bind(&view.tree, <double*>(base + header.tree_offset), view.capacity)
+    view.columns = columns
+    view.row_bytes = row_bytes
+    view.column_count = column_count
+    view.lock_errno = 0
+
+
+cdef int64_t header_problem(const Header* header) noexcept nogil:
+    """0, or 1 + the index of the first field that no writer ever leaves: the kernels index
+    rows and leaves with these, so they are checked under the lock before every operation."""
+    cdef uint64_t capacity = header.capacity
+    if header.next_index >= capacity:
+        return 1
+    if header.stored_size > capacity:
+        return 2
+    if not (isfinite(header.max_priority) and header.max_priority >= 0.0):
+        return 3
+    if header.op > OP_CLEAR:
+        return 4
+    return 0
+
+
+# -- locking and repair ---------------------------------------------------------------------------
+
+cdef int store_lock(StoreView* view, double timeout_s) noexcept nogil:
+    """Take the lock within `timeout_s`, repairing first when its previous holder died.
+
+    ST_OK with the lock held; else a Status and the lock is not held: ST_LOCK_TIMEOUT,
+    ST_LOCK_ERROR (errno in view.lock_errno) or ST_CORRUPT (a header no writer leaves)."""
+    cdef bint waited = False
+    cdef int status = mutex_trylock(view.mutex)   # uncontended: one atomic, no clock read
+    if status == LOCK_TIMED_OUT:
+        waited = True
+        status = mutex_timedlock(view.mutex, timeout_s)
+    if status == LOCK_TIMED_OUT:
+        return ST_LOCK_TIMEOUT
+    if status < 0:
+        view.lock_errno = -status
+        return ST_LOCK_ERROR
+    if status == LOCKED_OWNER_DIED:
+        store_repair(view)
+        status = mutex_consistent(view.mutex)
+        if status:
+            view.lock_errno = status
+            mutex_unlock(view.mutex)
+            return ST_LOCK_ERROR
+    if header_problem(view.header):
+        mutex_unlock(view.mutex)
+        return ST_CORRUPT
+    if waited:
+        view.header.lock_waits += 1
+    return ST_OK
+
+
+cdef void store_unlock(StoreView* view) noexcept nogil:
+    # Unlocking a mutex we hold cannot fail (EPERM only for one we do not hold).
+    mutex_unlock(view.mutex)
+
+
+cdef void store_repair(StoreView* view) noexcept nogil:
+    """Undo what a holder killed mid-operation left; idempotent (the repairer may die too).
+
+    The pending fields are bounded by the capacity before use: a repair must never write
+    outside the rows or loop for 2**62 slots because one of them was flipped."""
+    cdef Header* h = view.header
+    cdef uint64_t capacity = <uint64_t>view.capacity
+    cdef uint64_t k, slot, count
+    if h.op == OP_ADD:
+        count = h.pending_count if h.pending_count <= capacity else capacity
+        for k in range(count):
+            slot = (h.pending_start % capacity + k) % capacity
+            view.tree.sums[slot] = unset_leaf()
+            generation_of(view, <int64_t>slot)[0] |= 1
+        h.next_index = h.pending_old_next % capacity
+        h.stored_size = h.pending_old_stored if h.pending_old_stored <= capacity else capacity
+        h.rows_added = h.pending_old_rows_added
+        h.max_priority = (h.pending_old_max_priority
+                          if isfinite(h.pending_old_max_priority)
+                          and h.pending_old_max_priority >= 0.0 else 1.0)
+    elif h.op == OP_CLEAR:
+        store_clear(view)
+    # Every node, padding included: a corrupt padding node would otherwise steer searches
+    # past the last slot.
+    tree_rebuild(&view.tree)
+    publish_op(&h.op, OP_NONE)
+    h.repairs += 1
+
+
+# -- add --------------------------------------------------------------------------------------------
+
+cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
+                       const double* priorities, const double* weights) noexcept nogil:
+    """Write `count` rows (each column's `sources` holds them back to back); returns the first
+    slot written. `weights` are the rows' leaf weights (NULL: every row gets the weight of
+    max_priority, `weight_of_max` below), `priorities` their raw priorities (NULL with it)."""
+    cdef Header* h = view.header
+    cdef int64_t capacity = view.capacity
+    cdef int64_t skipped = count - capacity if count > capacity else 0
+    cdef int64_t written = count - skipped
+    cdef int64_t start = (<int64_t>h.next_index + skipped) % capacity
+    cdef int64_t first_part = min(written, capacity - start)
+    cdef int64_t k, slot, c, size
+    cdef double weight = 0.0, max_priority = h.max_priority
+    cdef uint8_t* record
+    cdef uint64_t* generation
+    if weights == NULL:
+        weight = pow(max_priority + h.eps, h.alpha)   # the same for every new row
+    # 1. Say what we are about to do, so a repairer can undo it.
+    h.pending_start = start
+    h.pending_count = written
+    h.pending_old_next = h.next_index
+    h.pending_old_stored = h.stored_size
+    h.pending_old_rows_added = h.rows_added
+    h.pending_old_max_priority = h.max_priority
+    publish_op(&h.op, OP_ADD)
+    # 2. Copy each row into its record, move its generation to the next even number and its
+    #    weight into the leaf.
+    for k in range(written):
+        slot = (start + k) % capacity
+        record = view.rows + slot * view.stride
+        generation = <uint64_t*>record
+        generation[0] = (generation[0] | 1) + 1
+        for c in range(view.column_count):
+            size = view.row_bytes[c]
+            copy_field(record + view.columns[c], sources[c] + (skipped + k) * size, size)
+        if view.prioritized:
+            if weights != NULL:
+                weight = weights[skipped + k]
+            # A zero weight is kept out of min() (weights divide by it) like an unset leaf.
+            view.tree.sums[slot] = weight if weight > 0.0 else unset_leaf()
+    if view.prioritized:
+        tree_refresh_range(&view.tree, start, first_part)
+        tree_refresh_range(&view.tree, 0, written - first_part)
+        if priorities != NULL:
+            for k in range(count):
+                if priorities[k] > max_priority:
+                    max_priority = priorities[k]
+            h.max_priority = max_priority
+    # 3. Commit.
+    h.stored_size = min(<int64_t>h.stored_size + written, capacity)
+    h.next_index = (start + written) % capacity
+    h.rows_added += count
+    publish_op(&h.op, OP_NONE)
+    return start
+
+
+# -- sample -----------------------------------------------------------------------------------------
+
+cdef int64_t any_committed(StoreView* view, int64_t stored) noexcept nogil:
+    cdef int64_t slot
+    for slot in range(stored):
+        if not generation_of(view, slot)[0] & 1:
+            return 1
+    return 0
+
+
+cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, double beta,
+                          double* scratch, int64_t* indexes, float* weights,
+                          uint64_t* generations, uint8_t** outputs) noexcept nogil:
+    """Draw `batch` rows (proportional when prioritized, else uniform over committed rows) and
+    copy them out; returns `batch` or a Status. `scratch` holds `batch` doubles."""
+    cdef Header* h = view.header
+    cdef int64_t k, c, size, index, stored = h.stored_size, tries
+    cdef double total, inverse_lowest
+    cdef const uint8_t* record
+    if stored == 0:
+        return ST_EMPTY
+    if view.prioritized:
+        total = tree_total(&view.tree)
+        if not isfinite(total):
+            return ST_NAN_TREE
+        if not total > 0.0:
+            return ST_ALL_ZERO if any_committed(view, stored) else ST_ALL_TORN
+        tree_sample(&view.tree, rng, scratch, indexes, batch)
+        for k in range(batch):
+            # The tree only reaches set leaves below the stored size; anything else is a
+            # corrupt node, and must not become an address.
+            if indexes[k] < 0 or indexes[k] >= stored:
+                return ST_CORRUPT
+        # Ask for every sampled record now: their misses then overlap the weights below
+        # instead of waiting for the gather. (Asking from inside the walk, as each leaf is
+        # found, measured slower: those misses then compete with the walk's own.)
+        for k in range(batch):
+            prefetch_record(view, indexes[k])
+        # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta. The weights are
+        # float32, so float32 powf (about 1e-7 relative) is exact enough and much cheaper.
+        inverse_lowest = 1.0 / tree_min(&view.tree)
+        for k in range(batch):
+            weights[k] = 1.0 if beta == 0.0 else powf(
+                <float>(view.tree.sums[indexes[k]] * inverse_lowest), <float>-beta)
+    else:
+        for k in range(batch):
+            # Skip a slot torn by a writer's death (odd generation); bounded retries, then
+            # a scan, so a buffer of only torn rows is reported instead of looping.
+            index = <int64_t>floor(rng_uniform(rng) * stored)
+            tries = 0
+            while generation_of(view, index)[0] & 1:
+                tries += 1
+                if tries < 64:
+                    index = <int64_t>floor(rng_uniform(rng) * stored)
+                else:
+                    index = 0
+                    while index < stored and generation_of(view, index)[0] & 1:
+                        index += 1
+                    if index == stored:
+                        return ST_ALL_TORN
+                    break
+            indexes[k] = index
+            weights[k] = 1.0
+    for k in range(min(batch, GATHER_AHEAD)):
+        prefetch_record(view, indexes[k])
+    for k in range(batch):
+        if k + GATHER_AHEAD < batch:
+            prefetch_record(view, indexes[k + GATHER_AHEAD])
+        record = view.rows + indexes[k] * view.stride
+        generations[k] = (<const uint64_t*>record)[0]
+        for c in range(view.column_count):
+            size = view.row_bytes[c]
+            copy_field(outputs[c] + k * size, record + view.columns[c], size)
+    h.rows_sampled += batch
+    return batch
+
+
+# -- update -----------------------------------------------------------------------------------------
+
+cdef inline void prefetch_update(const StoreView* view, int64_t index, bint record) noexcept nogil:
+    prefetch(view.tree.sums + index)
+    if record:
+        prefetch(view.rows + index * view.stride)
+
+
+cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double* priorities,
+                          const double* weights, const uint64_t* generations,
+                          int64_t count) noexcept nogil:
+    """Set the leaves of `indexes` to `weights`; returns how many were applied. Entries for
+    slots past the stored size (cleared since), torn, or (with `generations`) overwritten since
+    they were sampled are skipped."""
+    cdef Header* h = view.header
+    cdef int64_t k, index, applied = 0, stored = h.stored_size
+    cdef double weight, max_priority = h.max_priority
+    cdef uint64_t generation
+    # Software pipelining: ask for the leaf lines (and the record, when generations are
+    # checked) of the entry GATHER_AHEAD places ahead, so several misses are in flight.
+    for k in range(min(count, GATHER_AHEAD)):
+        prefetch_update(view, indexes[k], generations != NULL)
+    publish_op(&h.op, OP_UPDATE)
+    for k in range(count):
+        if k + GATHER_AHEAD < count:
+            prefetch_update(view, indexes[k + GATHER_AHEAD], generations != NULL)
+        index = indexes[k]
+        if index < 0 or index >= stored:
+            continue          # cleared since validation
+        if generations != NULL:
+            generation = generation_of(view, index)[0]
+            if generation & 1 or generation != generations[k]:
+                continue      # torn by a dead writer, or overwritten since it was sampled
+        elif is_unset(view.tree.sums[index]) and generation_of(view, index)[0] & 1:
+            # A torn slot always has an unset leaf, so only such leaves need the record
+            # read (one cache miss each) to tell torn rows from rows of weight 0.
+            continue
+        weight = weights[k]
+        view.tree.sums[index] = weight if weight > 0.0 else unset_leaf()
+        if priorities[k] > max_priority:
+            max_priority = priorities[k]
+        applied += 1
+    tree_refresh(&view.tree, indexes, count)
+    h.max_priority = max_priority
+    h.updates += applied
+    publish_op(&h.op, OP_NONE)
+    return applied
+
+
+# -- whole buffer -----------------------------------------------------------------------------------
+
+cdef void store_clear(StoreView* view) noexcept nogil:
+    """Forget every row; generations move on, so old samples cannot update new rows."""
+    cdef int64_t slot, stored = view.header.stored_size
+    cdef uint64_t* generation
+    publish_op(&view.header.op, OP_CLEAR)
+    # Only slots ever written can hold a row: a slot past the stored size was never written
+    # since the last clear (the ring fills from 0), so it is neither read nor touched. (An empty
+    # buffer's clear used to walk every record of the whole segment.)
+    for slot in range(stored):
+        generation = generation_of(view, slot)
+        generation[0] = (generation[0] | 1) + 1
+    tree_clear_all(&view.tree)
+    view.header.next_index = 0
+    view.header.stored_size = 0
+    view.header.max_priority = 1.0
+    publish_op(&view.header.op, OP_NONE)
+
+
+cdef int64_t store_snapshot(StoreView* view, int64_t room, uint8_t** outputs, int64_t* indexes,
+                            double* leaves) noexcept nogil:
+    """Copy up to `room` committed rows in slot order, with their slots and leaves; returns how
+    many (torn rows are left out)."""
+    cdef int64_t slot, copied = 0, c, size
+    cdef int64_t stored = view.header.stored_size
+    for slot in range(min(room, stored)):
+        if generation_of(view, slot)[0] & 1:
+            continue
+        for c in range(view.column_count):
+            size = view.row_bytes[c]
+            copy_field(outputs[c] + copied * size,
+                       view.rows + slot * view.stride + view.columns[c], size)
+        indexes[copied] = slot
+        leaves[copied] = view.tree.sums[slot] + 0.0
+        copied += 1
+    return copied

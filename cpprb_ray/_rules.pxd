@@ -1,0 +1,22 @@
+# cython: language_level=3
+# The validation rules, in one place: counts, indexes, priorities, dtypes and shapes. The tree
+# (_segtree), the store (_store) and the handles (buffer.py) all check through these, before any
+# nogil code runs; the nogil halves below find the first bad entry, the Python halves say what is
+# wrong with it.
+
+from libc.stdint cimport int64_t
+
+cdef struct PriorityRule:
+    double alpha
+    double eps
+    double max_weight     # largest leaf weight such that the total of every slot stays finite
+    double max_base       # largest p + eps whose weight (p + eps) ** alpha is within max_weight
+    int64_t capacity
+
+cdef int priority_rule(PriorityRule* rule, double alpha, double eps, int64_t capacity) except -1
+cdef int64_t first_bad_priority(const PriorityRule* rule, const double* priorities,
+                                double* weights, int64_t count, bint* overflow) noexcept nogil
+cdef int raise_bad_priority(const PriorityRule* rule, double value, int64_t position,
+                            bint overflow, str name) except -1
+cdef int64_t first_out_of_range(const int64_t* values, int64_t count,
+                                int64_t limit) noexcept nogil

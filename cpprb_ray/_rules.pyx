@@ -1,0 +1,298 @@
+# cython: language_level=3
+"""Validation rules shared by every layer: counts, reals, indexes, priorities, dtypes, shapes.
+
+Each rule is written once, here. A rule has a nogil half that finds the first bad entry of a
+raw array (so a large batch is checked in one GIL-free pass) and a Python half that raises the
+error, naming the argument, what was expected, the value and its position. Nothing here touches
+a buffer: callers check, then change.
+"""
+
+from libc.float cimport DBL_MAX
+from libc.math cimport INFINITY, pow
+
+import numpy as np
+
+_INT64 = np.dtype(np.int64)
+_FLOAT64 = np.dtype(np.float64)
+_ndarray = np.ndarray
+
+
+# -- scalars ----------------------------------------------------------------------------------------
+
+def as_count(value, str name):
+    """`value` as a Python int, or TypeError naming `name` (bools are not counts).
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import as_count
+    >>> as_count(3, "size")
+    3
+    >>> as_count(2.0, "size")
+    Traceback (most recent call last):
+    ...
+    TypeError: size must be an int; got float
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    return int(value)
+
+
+def as_real(value, str name):
+    """`value` as a finite Python float, or TypeError/ValueError naming `name`.
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import as_real
+    >>> as_real(1, "alpha")
+    1.0
+    >>> as_real(float("nan"), "alpha")
+    Traceback (most recent call last):
+    ...
+    ValueError: alpha must be finite; got nan
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                      np.floating)):
+        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
+    value = float(value)
+    if not (value - value == 0.0):
+        raise ValueError(f"{name} must be finite; got {value}")
+    return value
+
+
+# -- priorities -------------------------------------------------------------------------------------
+
+cdef int priority_rule(PriorityRule* rule, double alpha, double eps, int64_t capacity) except -1:
+    """Fill `rule` for a buffer of `capacity` slots, or ValueError when even the default priority
+    (1.0, what rows get before any priority is given) would make the total overflow."""
+    rule.alpha = alpha
+    rule.eps = eps
+    rule.capacity = capacity
+    rule.max_weight = DBL_MAX / (2.0 * capacity)
+    # (p + eps) ** alpha <= max_weight  <=>  p + eps <= max_weight ** (1 / alpha); inf when no
+    # finite base can exceed it. Rounded down a little so pow() rounding cannot slip by.
+    rule.max_base = (INFINITY if alpha <= 0.0 else
+                     pow(rule.max_weight, 1.0 / alpha) * (1.0 - 1e-12))
+    if not 1.0 + eps <= rule.max_base:
+        raise ValueError(f"alpha={alpha} with eps={eps} makes the default priority's weight "
+                         f"(1 + eps) ** alpha overflow the total of {capacity} rows; use a "
+                         f"smaller alpha or eps")
+    return 0
+
+
+def check_alpha_eps(double alpha, double eps, int64_t capacity):
+    """ValueError when alpha and eps make the default priority's weight overflow the total.
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import check_alpha_eps
+    >>> check_alpha_eps(0.6, 1e-4, 1024)
+    >>> check_alpha_eps(1100.0, 1.0, 1024)
+    Traceback (most recent call last):
+    ...
+    ValueError: alpha=1100.0 with eps=1.0 makes the default priority's weight (1 + eps) ** alpha overflow the total of 1024 rows; use a smaller alpha or eps
+    """
+    cdef PriorityRule rule
+    priority_rule(&rule, alpha, eps, capacity)
+
+
+cdef int64_t first_bad_priority(const PriorityRule* rule, const double* priorities,
+                                double* weights, int64_t count, bint* overflow) noexcept nogil:
+    """Position of the first priority that is not finite and >= 0 or whose weight would let the
+    total overflow, or -1; fills `weights` (when not NULL) with (p + eps) ** alpha.
+
+    The bound is checked on p + eps against max_base, precomputed, so checking costs no pow();
+    the weights are computed here, outside the buffer's lock."""
+    cdef int64_t k
+    cdef double base
+    for k in range(count):
+        base = priorities[k] + rule.eps
+        if not (priorities[k] >= 0.0 and base <= DBL_MAX):
+            overflow[0] = False
+            return k
+        if not base <= rule.max_base:
+            overflow[0] = True
+            return k
+        if weights != NULL:
+            weights[k] = pow(base, rule.alpha)
+    return -1
+
+
+cdef int raise_bad_priority(const PriorityRule* rule, double value, int64_t position,
+                            bint overflow, str name) except -1:
+    if overflow:
+        raise ValueError(f"{name} must keep (p + eps) ** alpha <= {rule.max_weight:.3g} (so "
+                         f"the total of {rule.capacity} rows stays finite); got {value} at "
+                         f"position {position}")
+    raise ValueError(f"{name} must be finite and >= 0; got {value} at position {position}")
+
+
+def real_vector(values, Py_ssize_t count, str name):
+    """`values` (a scalar or 1-D, of integers or reals) as a C-contiguous float64 array of
+    `count` entries, or TypeError/ValueError naming `name`.
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import real_vector
+    >>> real_vector([1, 2], 2, "priorities")
+    array([1., 2.])
+    >>> real_vector([1, 2], 3, "priorities")
+    Traceback (most recent call last):
+    ...
+    ValueError: priorities must have 3 entries (one per row); got 2
+    """
+    array = values if type(values) is np.ndarray else np.asarray(values)
+    if array.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must be real numbers; got dtype {array.dtype}")
+    if array.ndim > 1:
+        raise ValueError(f"{name} must be a scalar or 1-D; got shape {array.shape}")
+    array = np.ascontiguousarray(array.reshape(-1), dtype=_FLOAT64)
+    if array.shape[0] != count:
+        raise ValueError(f"{name} must have {count} entries (one per row); got {array.shape[0]}")
+    return array
+
+
+# -- indexes ----------------------------------------------------------------------------------------
+
+cdef int64_t first_out_of_range(const int64_t* values, int64_t count,
+                                int64_t limit) noexcept nogil:
+    """Position of the first value outside [0, limit), or -1."""
+    cdef int64_t k
+    for k in range(count):
+        if values[k] < 0 or values[k] >= limit:
+            return k
+    return -1
+
+
+def index_vector(indexes, str name):
+    """`indexes` (a scalar or 1-D of integers) as a C-contiguous int64 array, or an error naming
+    `name`. The range is checked by the caller (against the capacity or the stored size).
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import index_vector
+    >>> index_vector([3, 1], "indexes")
+    array([3, 1])
+    >>> index_vector([0.5], "indexes")
+    Traceback (most recent call last):
+    ...
+    TypeError: indexes must be integers; got dtype float64
+    """
+    array = indexes if type(indexes) is np.ndarray else np.asarray(indexes)
+    if array.dtype.kind not in "iu":
+        if not (array.size == 0 and array.dtype.kind == "f"):   # [] is float64 to numpy
+            raise TypeError(f"{name} must be integers; got dtype {array.dtype}")
+    if array.ndim > 1:
+        raise ValueError(f"{name} must be a scalar or 1-D; got shape {array.shape}")
+    if array.dtype.kind == "u" and array.size and array.max() > 2**62:
+        # Would wrap to a negative int64; report the value as given.
+        raise IndexError(f"{name} must be below the stored size; got {array.max()}")
+    return np.ascontiguousarray(array.reshape(-1), dtype=_INT64)
+
+
+def raise_out_of_range(str name, value, Py_ssize_t position, str bound):
+    raise IndexError(f"{name} must be in [0, {bound}); got {value} at position {position}")
+
+
+def check_in_range(const long long[::1] indexes, long long limit, str name, str bound):
+    """IndexError naming `name` unless every index is in [0, limit) (`bound` describes limit).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from cpprb_ray._rules import check_in_range
+    >>> check_in_range(np.array([0, 4]), 4, "indexes", "stored size 4")
+    Traceback (most recent call last):
+    ...
+    IndexError: indexes must be in [0, stored size 4); got 4 at position 1
+    """
+    cdef int64_t bad = -1
+    if indexes.shape[0]:
+        with nogil:
+            bad = first_out_of_range(<const int64_t*>&indexes[0], indexes.shape[0], limit)
+    if bad >= 0:
+        raise_out_of_range(name, indexes[bad], bad, bound)
+
+
+def generation_vector(generations, Py_ssize_t count):
+    """`generations` as `count` C-contiguous uint64 values (non-negative integers).
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import generation_vector
+    >>> generation_vector([2, 4], 2)
+    array([2, 4], dtype=uint64)
+    """
+    array = generations if type(generations) is _ndarray else np.asarray(generations)
+    if array.dtype.kind not in "iu" and array.size:
+        raise TypeError(f"generations must be unsigned integers; got dtype {array.dtype}")
+    if array.ndim > 1 or array.size != count:
+        raise ValueError(f"generations must be 1-D with {count} entries (one per index); got "
+                         f"shape {array.shape}")
+    if array.dtype.kind == "i" and array.size and array.min() < 0:
+        raise ValueError("generations must be >= 0")
+    return np.ascontiguousarray(array.reshape(-1), dtype=np.uint64)
+
+
+# -- columns: dtypes and shapes ---------------------------------------------------------------------
+
+MAX_ROW_BYTES = 1 << 40   # far beyond any real transition; a shape whose product wraps is not
+
+
+def column_dtype(spec, str name):
+    """The numpy dtype of env_dict column `name`: fixed-size, plain (no objects, fields or
+    subarrays, whose shape would hide in the dtype)."""
+    try:
+        dtype = np.dtype(spec)
+    except TypeError as error:
+        raise TypeError(f"env_dict[{name!r}]['dtype'] is not a numpy dtype: {spec!r}") from error
+    if (dtype.hasobject or dtype.itemsize == 0 or dtype.fields is not None
+            or dtype.subdtype is not None):
+        raise TypeError(f"env_dict[{name!r}]['dtype'] must be a fixed-size plain dtype; got "
+                        f"{dtype} (give a subarray's shape as 'shape')")
+    return dtype
+
+
+def column_shape(spec, dtype, str name):
+    """The per-row shape of env_dict column `name`: positive ints whose row stays addressable."""
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        shape = (int(spec),)
+    elif isinstance(spec, (tuple, list)) and all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in spec):
+        shape = tuple(int(d) for d in spec)
+    else:
+        raise TypeError(f"env_dict[{name!r}]['shape'] must be an int or a tuple of ints; got "
+                        f"{spec!r}")
+    if any(d <= 0 for d in shape):
+        raise ValueError(f"env_dict[{name!r}]['shape'] must be positive; got {shape}")
+    row_bytes = dtype.itemsize
+    for d in shape:   # Python ints: the product cannot wrap as int64 would
+        row_bytes *= d
+    if row_bytes > MAX_ROW_BYTES:
+        raise ValueError(f"env_dict[{name!r}]: shape {shape} of {dtype} is {row_bytes} bytes "
+                         f"per row; at most {MAX_ROW_BYTES} allowed")
+    return shape
+
+
+def can_cast(source, column):
+    """numpy's same_kind casting between plain numeric (or bool) dtypes: what add accepts."""
+    return source.kind in "biuf" and bool(np.can_cast(source, column, casting="same_kind"))
+
+
+def cast_error(str name, column, source):
+    return TypeError(f"column {name!r} has dtype {column}; cannot cast {source} to it "
+                     f"(same_kind casting)")
+
+
+def rows_of(tuple shape, tuple column_shape):
+    """Rows in a value of `shape` for a column of per-row `column_shape` (a single row may omit
+    the batch axis, and one-element columns their last axis, as in cpprb), or -1."""
+    if shape == column_shape or (column_shape == (1,) and shape == ()):
+        return 1
+    if shape[1:] == column_shape or (column_shape == (1,) and len(shape) == 1):
+        return shape[0]
+    return -1
+
+
+def shape_error(str name, tuple column_shape, tuple shape):
+    return ValueError(f"column {name!r} must have shape {column_shape} or (batch, "
+                      f"*{column_shape}); got {shape}")
