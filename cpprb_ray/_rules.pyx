@@ -126,9 +126,9 @@ cdef int raise_bad_priority(const PriorityRule* rule, double value, int64_t posi
     raise ValueError(f"{name} must be finite and >= 0; got {value} at position {position}")
 
 
-def real_vector(values, Py_ssize_t count, str name):
+def real_vector(values, Py_ssize_t count, str name, str per="row"):
     """`values` (a scalar or 1-D, of integers or reals) as a C-contiguous float64 array of
-    `count` entries, or TypeError/ValueError naming `name`.
+    `count` entries (one per `per`), or TypeError/ValueError naming `name`.
 
     Examples
     --------
@@ -147,7 +147,8 @@ def real_vector(values, Py_ssize_t count, str name):
         raise ValueError(f"{name} must be a scalar or 1-D; got shape {array.shape}")
     array = np.ascontiguousarray(array.reshape(-1), dtype=_FLOAT64)
     if array.shape[0] != count:
-        raise ValueError(f"{name} must have {count} entries (one per row); got {array.shape[0]}")
+        raise ValueError(f"{name} must have {count} entries (one per {per}); got "
+                         f"{array.shape[0]}")
     return array
 
 
@@ -193,7 +194,7 @@ def raise_out_of_range(str name, value, Py_ssize_t position, str bound):
     raise IndexError(f"{name} must be in [0, {bound}); got {value} at position {position}")
 
 
-def check_in_range(const long long[::1] indexes, long long limit, str name, str bound):
+def check_in_range(const int64_t[::1] indexes, int64_t limit, str name, str bound):
     """IndexError naming `name` unless every index is in [0, limit) (`bound` describes limit).
 
     Examples

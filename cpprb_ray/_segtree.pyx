@@ -21,6 +21,8 @@ import os
 
 import numpy as np
 
+from cpprb_ray import _rules
+
 cdef enum:
     PREFETCH_AHEAD = 16
     DEDUPE_NODES = 4096       # levels this narrow are deduplicated with a stack bitmap
@@ -380,38 +382,17 @@ cdef class Random:
 
 
 def as_indices(indices, Py_ssize_t capacity, str name="indices"):
-    """Return `indices` as a C-contiguous int64 array, or raise naming `name`."""
-    array = np.asarray(indices)
-    if array.dtype.kind not in "iu":
-        if array.size == 0 and array.dtype.kind == "f":
-            array = array.astype(np.int64)
-        else:
-            raise TypeError(f"{name} must be integers; got dtype {array.dtype}")
-    if array.ndim > 1:
-        raise ValueError(f"{name} must be a scalar or 1-D; got shape {array.shape}")
-    array = np.ascontiguousarray(array.reshape(-1), dtype=np.int64)
-    if array.size:
-        low = array.min()
-        high = array.max()
-        if low < 0 or high >= capacity:
-            bad = int(np.flatnonzero((array < 0) | (array >= capacity))[0])
-            raise IndexError(
-                f"{name} must be in [0, {capacity}); got {int(array[bad])} at position {bad}"
-            )
+    """Return `indices` as a C-contiguous int64 array in [0, capacity), or raise naming `name`
+    (the rules of :mod:`cpprb_ray._rules`)."""
+    array = _rules.index_vector(indices, name)
+    _rules.check_in_range(array, capacity, name, str(capacity))
     return array
 
 
 def as_values(values, Py_ssize_t count, str name="values", upper=None):
     """Return `values` as C-contiguous finite non-negative float64 of length `count` (each at
     most `upper` when given)."""
-    array = np.asarray(values)
-    if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
-        raise TypeError(f"{name} must be real numbers; got dtype {array.dtype}")
-    if array.ndim > 1:
-        raise ValueError(f"{name} must be a scalar or 1-D; got shape {array.shape}")
-    array = np.ascontiguousarray(array.reshape(-1), dtype=np.float64)
-    if array.size != count:
-        raise ValueError(f"{name} must have {count} entries (one per index); got {array.size}")
+    array = _rules.real_vector(values, count, name, "index")
     bad = ~(np.isfinite(array) & (array >= 0))
     if bad.any():
         position = int(np.flatnonzero(bad)[0])

@@ -58,6 +58,11 @@ class ReplayBuffer:
         With backend="mmap", the file to create (may be on disk, even larger than RAM).
     seed : int, optional
         Seed of this handle's sampler. Unpickled handles draw a fresh seed.
+    lock_timeout : float
+        Seconds any call waits for the segment's lock before TimeoutError (60). A holder that
+        was killed hands the lock on at once; one that is stopped (SIGSTOP, ``docker pause``,
+        a debugger) or a corrupt lock word would otherwise block every process. Ctrl-C
+        interrupts a wait.
 
     Examples
     --------
@@ -74,14 +79,15 @@ class ReplayBuffer:
 
     def __init__(self, size: int, env_dict: Mapping[str, Any], *, backend: str = "auto",
                  name: Optional[str] = None, path: Optional[PathLike] = None,
-                 seed: Optional[int] = None) -> None:
-        self._create(size, env_dict, backend, name, path, seed, alpha=0.0, eps=0.0)
+                 seed: Optional[int] = None, lock_timeout: float = 60.0) -> None:
+        self._create(size, env_dict, backend, name, path, seed, alpha=0.0, eps=0.0,
+                     lock_timeout=lock_timeout)
 
     # -- construction helpers ---------------------------------------------------------------------
 
     def _create(self, size: Any, env_dict: Mapping[str, Any], backend: str, name: Optional[str],
                 path: Optional[PathLike], seed: Optional[int], *, alpha: float,
-                eps: float) -> None:
+                eps: float, lock_timeout: float) -> None:
         capacity = _as_count(size, "size")
         if capacity <= 0:
             raise ValueError(f"size must be > 0; got {capacity}")
@@ -101,7 +107,7 @@ class ReplayBuffer:
                 layout_json=layout.to_json(), data_offset=layout.data_offset,
                 tree_offset=layout.tree_offset,
                 row_stride=layout.row_stride, created_ns=time.time_ns())
-            self._bind(segment, layout, owner=True, seed=seed)
+            self._bind(segment, layout, owner=True, seed=seed, lock_timeout=lock_timeout)
         except BaseException:
             store = getattr(self, "_store", None)
             if store is not None:
@@ -111,12 +117,12 @@ class ReplayBuffer:
             raise
 
     def _bind(self, segment: _memory.Segment, layout: _layout.Layout, *, owner: bool,
-              seed: Optional[int]) -> None:
+              seed: Optional[int], lock_timeout: float = 60.0) -> None:
         self._segment = segment
         self._layout = layout
         self._columns = layout.columns
         self._column_names = frozenset(c.name for c in layout.columns)
-        self._store = _store.ReplayStore(segment.memory, layout.columns, seed)
+        self._store = _store.ReplayStore(segment.memory, layout.columns, seed, lock_timeout)
         self._column_order = tuple(c.name for c in layout.columns)
         self._owner = owner
         self._owner_pid = os.getpid()
@@ -144,7 +150,8 @@ class ReplayBuffer:
             time.sleep(0.01)
 
     @classmethod
-    def attach(cls, name_or_path: PathLike, *, seed: Optional[int] = None):
+    def attach(cls, name_or_path: PathLike, *, seed: Optional[int] = None,
+               lock_timeout: float = 60.0):
         """Open a view of an existing buffer from its name (shm) or path (mmap) alone.
 
         Raises FileNotFoundError when there is no such segment, ValueError when it is not a
@@ -161,7 +168,7 @@ class ReplayBuffer:
         1 False
         """
         backend, location = _memory.locate(name_or_path)
-        return _open_view(cls, backend, location, seed)
+        return _open_view(cls, backend, location, seed, lock_timeout)
 
     def __reduce__(self):
         # Only what re-attaching needs: a few hundred bytes whatever the buffer's size.
@@ -467,7 +474,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def __init__(self, size: int, env_dict: Mapping[str, Any], *, alpha: float = 0.6,
                  eps: float = 1e-4, backend: str = "auto", name: Optional[str] = None,
-                 path: Optional[PathLike] = None, seed: Optional[int] = None) -> None:
+                 path: Optional[PathLike] = None, seed: Optional[int] = None,
+                 lock_timeout: float = 60.0) -> None:
         alpha = _as_real(alpha, "alpha")
         eps = _as_real(eps, "eps")
         if alpha < 0:
@@ -476,7 +484,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"eps must be >= 0; got {eps}")
         if isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size > 0:
             _rules.check_alpha_eps(alpha, eps, int(size))
-        self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps)
+        self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps,
+                     lock_timeout=lock_timeout)
 
     def add(self, *, priorities: Any = None, **columns: Any) -> int:
         """add(*, priorities=None, **columns) -> int: store rows; returns the first slot written.
@@ -558,7 +567,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
 
 def _open_view(cls: Type[ReplayBuffer], backend: str, location: str,
-               seed: Optional[int]) -> ReplayBuffer:
+               seed: Optional[int], lock_timeout: float = 60.0) -> ReplayBuffer:
     """Map an existing segment and bind a view handle of the buffer's own kind to it."""
     segment = _memory.attach(backend, location)
     try:
@@ -571,7 +580,7 @@ def _open_view(cls: Type[ReplayBuffer], backend: str, location: str,
         if not issubclass(target, cls):
             target = cls
         handle = target.__new__(target)
-        handle._bind(segment, layout, owner=False, seed=seed)
+        handle._bind(segment, layout, owner=False, seed=seed, lock_timeout=lock_timeout)
         return handle
     except BaseException:
         segment.close()
@@ -583,7 +592,8 @@ def _reattach(cls: Type[ReplayBuffer], backend: str, location: str) -> ReplayBuf
     return _open_view(cls, backend, location, None)
 
 
-def attach(name_or_path: PathLike, *, seed: Optional[int] = None) -> ReplayBuffer:
+def attach(name_or_path: PathLike, *, seed: Optional[int] = None,
+           lock_timeout: float = 60.0) -> ReplayBuffer:
     """Open a view of an existing buffer of either kind from its name or path.
 
     Examples
@@ -595,4 +605,4 @@ def attach(name_or_path: PathLike, *, seed: Optional[int] = None) -> ReplayBuffe
     ...     view.close()
     ReplayBuffer
     """
-    return ReplayBuffer.attach(name_or_path, seed=seed)
+    return ReplayBuffer.attach(name_or_path, seed=seed, lock_timeout=lock_timeout)

@@ -1,0 +1,329 @@
+"""Defects found by trying to break the store, each reproduced and pinned here.
+
+Calls that used to crash or hang the process run in a child process with a bounded wait, so a
+regression shows as a failed test (a segfault's exit status, or a timeout), never as a dead or
+stuck test run:
+
+* add(..., priorities=...) on a closed handle, and a close while other threads add with
+  priorities: the priority check read the unmapped header (SIGSEGV);
+* a fork while another thread is inside a call: the child's close() waited forever for a thread
+  that does not exist in the child;
+* one corrupt double in a padding node of the tree: sample returned an index past the capacity
+  (a read outside the rows), and the repair's rebuild never rewrote padding;
+* a lock that is never released (a stopped holder, a flipped lock word): every call blocked
+  forever; now TimeoutError after lock_timeout, and Ctrl-C interrupts the wait;
+* header fields that no writer leaves, seen by the repair (a pending range of 2**62 slots, a
+  stored size of 2**40): a loop holding the lock for ever, or a wild write.
+The rest are refused at construction or reported for what they are: parameters whose default
+weight overflows, columns add could never fill, a NaN tree, a buffer of torn rows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import cpprb_ray
+from cpprb_ray import _store
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+
+import _workers  # noqa: E402
+
+ENV = {"obs": {"shape": 4}, "rew": {}}
+OP_ADD = 1
+
+
+def run_child(code: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter; a crash is its exit status, a hang its timeout."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=timeout, cwd=TESTS_DIR)
+
+
+def assert_clean_exit(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, (
+        f"child exited with {result.returncode} (negative: killed by that signal)\n"
+        f"stdout: {result.stdout}\nstderr: {result.stderr}")
+
+
+@pytest.mark.parametrize("role", ["owner", "view"])
+def test_add_with_priorities_on_a_closed_handle_raises(role):
+    result = run_child(f"""
+        import cpprb_ray
+        rb = cpprb_ray.PrioritizedReplayBuffer(8, {{"obs": {{}}}})
+        handle = rb if "{role}" == "owner" else cpprb_ray.attach(rb.name)
+        handle.close()
+        try:
+            handle.add(obs=1.0, priorities=1.0)
+        except ValueError as error:
+            assert "closed" in str(error), error
+        else:
+            raise AssertionError("add on a closed handle did not raise")
+        rb.close()
+    """)
+    assert_clean_exit(result)
+
+
+def test_close_while_other_threads_add_with_priorities():
+    # 5 rounds: the crash came in 4 of 5 runs before the fix.
+    result = run_child("""
+        import threading
+        import numpy as np
+        import cpprb_ray
+        for round in range(5):
+            rb = cpprb_ray.PrioritizedReplayBuffer(1 << 12, {"obs": {"shape": 4}})
+            started = threading.Barrier(4)
+            errors = []
+            def add():
+                started.wait()
+                obs = np.ones((64, 4), np.float32)
+                priorities = np.linspace(0.1, 2.0, 64)
+                try:
+                    while True:
+                        rb.add(obs=obs, priorities=priorities)
+                except ValueError as error:
+                    errors.append(str(error))
+            threads = [threading.Thread(target=add) for _ in range(3)]
+            for thread in threads:
+                thread.start()
+            started.wait()
+            rb.close()
+            for thread in threads:
+                thread.join(10)
+            assert all("closed" in e for e in errors) and len(errors) == 3, errors
+        print("ok")
+    """)
+    assert_clean_exit(result)
+    assert result.stdout.strip() == "ok"
+
+
+def test_fork_while_another_thread_is_inside_a_call():
+    result = run_child("""
+        import os, signal, threading, time
+        import numpy as np
+        import cpprb_ray
+        rb = cpprb_ray.PrioritizedReplayBuffer(1 << 16, {"obs": {"shape": 4}})
+        rb.add(obs=np.ones((1 << 16, 4), np.float32))
+        stop = threading.Event()
+        def sample():
+            while not stop.is_set():
+                rb.sample(1 << 18)   # long calls: the fork lands inside one
+        thread = threading.Thread(target=sample)
+        thread.start()
+        time.sleep(0.2)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)           # the hang this test is about ends the child here
+            rb.add(obs=np.zeros(4))    # usable in the child too
+            rb.close()                 # inherited owner handle: unmaps, does not free
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        stop.set()
+        thread.join()
+        rb.close()
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        print("ok")
+    """)
+    assert_clean_exit(result)
+
+
+def tree_offset_and_padding(rb) -> tuple:
+    header = _store.read_header(rb._segment.memory)
+    return header["tree_offset"], header["capacity"]
+
+
+@pytest.mark.parametrize("backend", ["mmap"])
+def test_a_corrupt_padding_leaf_never_becomes_a_sampled_index(backend):
+    """Capacity 10: the leaf level is padded to 16. A stray weight in padding leaf 12 (and a
+    tree rebuilt over it, as the old repair did) must never be sampled as slot 12."""
+    with cpprb_ray.PrioritizedReplayBuffer(10, ENV, backend=backend) as rb:
+        rb.add(obs=np.ones((10, 4)), rew=np.zeros(10), priorities=np.full(10, 1.0))
+        tree_offset, capacity = tree_offset_and_padding(rb)
+        memory = rb._segment.memory
+        leaves = np.frombuffer(memory, dtype=np.float64, count=16, offset=tree_offset)
+        leaves[12] = 1e6                 # one corrupt double
+        # ... and a tree whose inner sums include it, as the old repair's rebuild made it:
+        # capacity 10 -> 16 leaf doubles, level 1 (2 nodes, padded to 8) at 16, the root at 24.
+        levels = np.frombuffer(memory, dtype=np.float64, offset=tree_offset,
+                               count=_store.tree_nbytes(capacity) // 8)
+        levels[16 + 1] += 1e6
+        levels[24] += 1e6
+        with pytest.raises(ValueError, match="corrupt"):
+            for _ in range(50):
+                batch = rb.sample(64)
+                assert (batch["indexes"] < 10).all(), batch["indexes"]
+        # A repair (the next locker after a holder died) rewrites every node, padding included.
+        _workers_die(rb)
+        batch = rb.sample(256)
+        assert (batch["indexes"] < 10).all()
+        assert leaves[12] == 0.0 and np.signbit(leaves[12])
+        del leaves, levels   # views of the mapping: it cannot be closed under them
+        assert _workers.tree_problems(rb._store.check_tree()) == []
+
+
+def _workers_die(rb, fields=None) -> None:
+    """A spawned child takes rb's lock, writes `fields` into the header and dies holding it."""
+    import multiprocessing
+    child = multiprocessing.get_context("spawn").Process(
+        target=_workers.die_holding_the_lock, args=(rb.name, fields or {}))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+
+
+@pytest.mark.parametrize("fields", [
+    {"op": OP_ADD, "pending_start": 3, "pending_count": 2**62},
+    {"op": OP_ADD, "pending_start": 2**63, "pending_count": 4, "pending_old_stored": 2**40,
+     "pending_old_next": 2**50},
+    {"op": 7},
+])
+def test_repair_of_a_hostile_header_is_bounded(fields):
+    """Fields no writer leaves are bounded by the capacity in the repair: no wild write, no
+    loop of 2**62 slots under the lock; the buffer comes back consistent."""
+    with cpprb_ray.PrioritizedReplayBuffer(64, ENV, backend="mmap", lock_timeout=20) as rb:
+        rb.add(obs=np.ones((10, 4)), rew=np.arange(10.0))
+        _workers_die(rb, fields)
+        start = time.monotonic()
+        rb.add(obs=np.ones(4), rew=1.0)   # the next locker repairs
+        assert time.monotonic() - start < 10
+        assert rb._store.repairs == 1
+        assert 1 <= rb.get_stored_size() <= 64
+        assert _workers.tree_problems(rb._store.check_tree()) == []
+        batch = rb.sample(32)
+        assert (batch["indexes"] < rb.get_stored_size()).all()
+
+
+def test_header_fields_out_of_range_are_refused_not_used():
+    with cpprb_ray.PrioritizedReplayBuffer(16, ENV, backend="mmap") as rb:
+        rb.add(obs=np.ones((4, 4)), rew=np.zeros(4))
+        header = np.frombuffer(rb._segment.memory, dtype=np.uint64,
+                               count=_store.HEADER_NBYTES // 8)
+        field = 1 + _store._HEADER_FIELDS.index("stored_size")
+        header[field] = 2**40
+        with pytest.raises(ValueError, match="corrupt"):
+            rb.sample(8)
+        with pytest.raises(ValueError, match="corrupt"):
+            rb.add(obs=np.ones(4), rew=0.0)
+        header[field] = 4
+        del header
+        assert rb.sample(8)["indexes"].max() < 4
+
+
+def test_a_flipped_lock_word_is_a_timeout_not_a_hang():
+    """0x80000000 (FUTEX_WAITERS, no owner): nobody will ever wake us. 89 of 193 random lock
+    words hung every call before."""
+    with cpprb_ray.PrioritizedReplayBuffer(16, ENV, backend="mmap", lock_timeout=0.5) as rb:
+        rb.add(obs=np.ones(4), rew=0.0)
+        memory = rb._segment.memory
+        good, = struct.unpack_from("<I", memory, _store.MUTEX_OFFSET)
+        struct.pack_into("<I", memory, _store.MUTEX_OFFSET, 0x80000000)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="lock was not released within 0.5 s"):
+            rb.sample(4)
+        assert time.monotonic() - start < 5
+        struct.pack_into("<I", memory, _store.MUTEX_OFFSET, good)
+        assert rb.sample(4)["indexes"].shape == (4,)
+
+
+def test_a_stopped_holder_gives_timeout_and_ctrl_c_interrupts_the_wait():
+    """SIGSTOP a process inside a long call (docker pause, a debugger): the others get
+    TimeoutError after lock_timeout, and SIGINT interrupts a waiter at once."""
+    rb = cpprb_ray.PrioritizedReplayBuffer(1 << 16, ENV, backend="mmap")
+    holder = None
+    try:
+        rb.add(obs=np.ones((1 << 16, 4)), rew=np.zeros(1 << 16))
+        holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import cpprb_ray
+            rb = cpprb_ray.attach({rb.name!r})
+            print("ready", flush=True)
+            while True:
+                rb.sample(1 << 20)
+        """)], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "ready"
+        # Stop it while it holds the lock: the lock word names it.
+        for _ in range(1000):
+            os.kill(holder.pid, signal.SIGSTOP)
+            time.sleep(0.005)
+            if rb._store.lock_owner() != 0:
+                break
+            os.kill(holder.pid, signal.SIGCONT)
+        assert rb._store.lock_owner() != 0, "never stopped the holder inside a call"
+        view = cpprb_ray.attach(rb.name, lock_timeout=0.5)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            view.sample(4)
+        assert 0.4 < time.monotonic() - start < 5
+        view.close()
+        waiter = run_child(f"""
+            import os, signal, threading, time
+            import cpprb_ray
+            view = cpprb_ray.attach({rb.name!r})          # lock_timeout 60 s
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+            start = time.monotonic()
+            try:
+                view.sample(4)
+            except KeyboardInterrupt:
+                print("interrupted after", round(time.monotonic() - start, 1))
+            view.close()
+        """, timeout=30)
+        assert_clean_exit(waiter)
+        assert waiter.stdout.startswith("interrupted after"), waiter.stdout
+    finally:
+        if holder is not None:
+            holder.kill()
+            os.kill(holder.pid, signal.SIGCONT)
+            holder.wait(30)
+            holder.stdout.close()
+        rb.close()
+
+
+def test_alpha_and_eps_whose_default_weight_overflows_are_refused():
+    with pytest.raises(ValueError, match="alpha=1100.0 with eps=1.0"):
+        cpprb_ray.PrioritizedReplayBuffer(8, ENV, alpha=1100, eps=1)
+    with cpprb_ray.PrioritizedReplayBuffer(8, ENV, alpha=1000, eps=0.1) as rb:   # 1.1**1000 ok
+        rb.add(obs=np.ones(4), rew=0.0)
+        assert np.isfinite(rb.sample(2, beta=0.5)["weights"]).all()
+
+
+@pytest.mark.parametrize("env_dict, error, match", [
+    ({"self": {}}, ValueError, "reserved"),
+    ({"timeout": {}}, ValueError, "reserved"),
+    ({"obs": {"dtype": ("f4", (2,))}}, TypeError, "subarray|plain dtype"),
+    ({"obs": {"shape": (2**32, 2**32)}}, ValueError, "bytes per row"),
+])
+def test_columns_add_could_never_fill_are_refused(env_dict, error, match):
+    with pytest.raises(error, match=match):
+        cpprb_ray.ReplayBuffer(8, env_dict)
+
+
+def test_a_nan_in_the_tree_is_reported_as_corrupt():
+    with cpprb_ray.PrioritizedReplayBuffer(16, ENV, backend="mmap") as rb:
+        rb.add(obs=np.ones((4, 4)), rew=np.zeros(4))
+        tree_offset, capacity = tree_offset_and_padding(rb)
+        levels = np.frombuffer(rb._segment.memory, dtype=np.float64, offset=tree_offset,
+                               count=_store.tree_nbytes(capacity) // 8)
+        levels[24] = np.nan   # the root: 16 leaves, level 1 padded to 8 at 16, root at 24
+        del levels
+        with pytest.raises(ValueError, match="not a finite number: the segment is corrupt"):
+            rb.sample(4)
+
+
+def test_a_buffer_of_only_torn_rows_says_so():
+    with cpprb_ray.PrioritizedReplayBuffer(8, ENV, backend="mmap") as rb:
+        rb.add(obs=np.ones((8, 4)), rew=np.zeros(8))
+        # A writer died mid-add over every slot: the repair tears all 8 and keeps stored 8.
+        _workers_die(rb, {"op": OP_ADD, "pending_start": 0, "pending_count": 8,
+                          "pending_old_next": 0, "pending_old_stored": 8,
+                          "pending_old_rows_added": 8})
+        with pytest.raises(ValueError, match="torn by a writer that died"):
+            rb.sample(4)
