@@ -2,10 +2,10 @@
 #
 #   make demo         the main job (sets up .venv first)
 #   make test         the whole test suite on Python 3.11 (sets up .venv first)
-#   make test-debug   tests/test_segtree.py tests/test_sync.py against a CPPRB_RAY_DEBUG=1 build
+#   make test-debug   tree, mutex, store and buffer tests against a CPPRB_RAY_DEBUG=1 build
 #   make test37       the whole suite on CPython 3.7 (Cython 3.0, numpy 1.21, ray 2.7.2)
 #   make wheel-check  sdist -> wheel, installed in a venv without Cython, smoke-tested
-#   make lint         ruff + mypy on cpprb_ray
+#   make lint         ruff, mypy, stubtest and cython-lint
 #   make clean        build outputs;  make distclean: also every .venv*
 #
 # Virtual environments live in the repository (.venv*/ is gitignored):
@@ -34,8 +34,8 @@ PYTHON37 ?= $(call find_python,python3.7 $(shell ls -d $(PYENV_ROOT)/versions/3.
 PIP_FLAGS ?= -q
 PYTEST_ARGS ?=
 EXT_SOURCES := $(wildcard cpprb_ray/*.pyx cpprb_ray/*.pxd)
-EXTENSIONS := _segtree _sync _rules _core _store
-IMPORT_EXTENSIONS := import cpprb_ray._segtree, cpprb_ray._sync, cpprb_ray._rules, cpprb_ray._core, cpprb_ray._store
+EXTENSIONS := _segtree _sync _rules _core _columns _store
+IMPORT_EXTENSIONS := import cpprb_ray._segtree, cpprb_ray._sync, cpprb_ray._rules, cpprb_ray._core, cpprb_ray._columns, cpprb_ray._store
 
 # Everything (but Python itself) that CI needs, pinned for CPython 3.7.
 PY37_DEPS := "cython>=3.0,<3.1" "numpy>=1.21,<1.22" "ray==2.7.2" pytest hypothesis cloudpickle
@@ -82,9 +82,14 @@ demo: venv
 	    || { echo "error: benchmarks/bench_segtree.py does not exist yet" >&2; exit 1; }
 	.venv/bin/python benchmarks/bench_segtree.py --quick
 
+# ruff and mypy on the Python, stubtest of the .pyi stubs against the built extensions, and
+# cython-lint on the Cython sources.
 lint: venv
-	.venv/bin/ruff check cpprb_ray
+	.venv/bin/ruff check cpprb_ray tests benchmarks $(wildcard examples)
 	.venv/bin/mypy cpprb_ray
+	.venv/bin/python -m mypy.stubtest cpprb_ray --allowlist .ci/stubtest-allowlist.txt
+	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/cython-lint --max-line-length 100 \
+	    cpprb_ray/*.pyx cpprb_ray/*.pxd
 
 # ---------------------------------------------------------------------------------------------
 # Debug build: CPPRB_RAY_DEBUG=1 (boundscheck, wraparound, initializedcheck, -O0 -g -UNDEBUG),
@@ -92,6 +97,10 @@ lint: venv
 # so that no debug .so can ever land in the main checkout.
 
 DEBUG_SRC := .venv-debug/src
+# Everything that drives the extensions in this process: the tree, the mutex, the store (through
+# the buffer), bad input, the defects, and the docstring examples.
+DEBUG_TESTS := tests/test_segtree.py tests/test_sync.py tests/test_doctests.py tests/test_buffer.py \
+    tests/test_bad_input.py tests/test_defects.py
 
 .venv-debug/.deps: pyproject.toml setup.py
 	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
@@ -113,7 +122,7 @@ test-debug: .venv-debug/.deps
 	fi
 	cd $(DEBUG_SRC) && CPPRB_RAY_DEBUG=1 ../bin/python -m pip install $(PIP_FLAGS) \
 	    --no-build-isolation --no-deps -e .
-	@cd $(DEBUG_SRC) && tests="$$(ls tests/test_segtree.py tests/test_sync.py tests/test_doctests.py 2>/dev/null || true)"; \
+	@cd $(DEBUG_SRC) && tests="$$(ls $(DEBUG_TESTS) 2>/dev/null || true)"; \
 	    if [ ! -f tests/test_sync.py ]; then \
 	        echo "warning: tests/test_sync.py does not exist (yet)" >&2; fi; \
 	    if [ -z "$$tests" ]; then tests="$$(ls tests/test_segtree*.py 2>/dev/null || true)"; fi; \

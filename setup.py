@@ -49,7 +49,7 @@ extensions = [
         libraries=libraries,
         define_macros=macros,
     )
-    for name in ("_segtree", "_sync", "_rules", "_core", "_store")
+    for name in ("_segtree", "_sync", "_rules", "_core", "_columns", "_store")
 ]
 
 setup(

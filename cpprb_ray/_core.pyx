@@ -17,10 +17,10 @@ from libc.math cimport floor, isfinite, pow, powf
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
-from cpprb_ray._segtree cimport (TreeView, Xoshiro256, is_unset, rng_uniform, tree_bind,
+from cpprb_ray._segtree cimport (Xoshiro256, is_unset, rng_uniform, tree_bind,
                                  tree_clear_all, tree_min, tree_rebuild, tree_refresh,
                                  tree_refresh_range, tree_sample, tree_total, unset_leaf)
-from cpprb_ray._sync cimport (LOCK_TIMED_OUT, LOCKED, LOCKED_OWNER_DIED, mutex_consistent,
+from cpprb_ray._sync cimport (LOCK_TIMED_OUT, LOCKED_OWNER_DIED, mutex_consistent,
                               mutex_timedlock, mutex_trylock, mutex_unlock, pthread_mutex_t)
 
 cdef extern from *:
@@ -113,7 +113,7 @@ cdef int64_t header_problem(const Header* header) noexcept nogil:
     return 0
 
 
-# -- locking and repair ---------------------------------------------------------------------------
+# -- locking and repair -------------------------------------------------------------------------
 
 cdef int store_lock(StoreView* view, double timeout_s) noexcept nogil:
     """Take the lock within `timeout_s`, repairing first when its previous holder died.
@@ -179,7 +179,7 @@ cdef void store_repair(StoreView* view) noexcept nogil:
     h.repairs += 1
 
 
-# -- add --------------------------------------------------------------------------------------------
+# -- add ----------------------------------------------------------------------------------------
 
 cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
                        const double* priorities, const double* weights) noexcept nogil:
@@ -237,7 +237,7 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
     return start
 
 
-# -- sample -----------------------------------------------------------------------------------------
+# -- sample -------------------------------------------------------------------------------------
 
 cdef int64_t any_committed(StoreView* view, int64_t stored) noexcept nogil:
     cdef int64_t slot
@@ -314,7 +314,7 @@ cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, doubl
     return batch
 
 
-# -- update -----------------------------------------------------------------------------------------
+# -- update -------------------------------------------------------------------------------------
 
 cdef inline void prefetch_update(const StoreView* view, int64_t index, bint record) noexcept nogil:
     prefetch(view.tree.sums + index)
@@ -363,7 +363,7 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
     return applied
 
 
-# -- whole buffer -----------------------------------------------------------------------------------
+# -- whole buffer -------------------------------------------------------------------------------
 
 cdef void store_clear(StoreView* view) noexcept nogil:
     """Forget every row; generations move on, so old samples cannot update new rows."""

@@ -11,7 +11,8 @@ All kernels are ``noexcept nogil`` functions on raw pointers; the ``def`` method
 arguments with numpy, then release the GIL for the whole batch.
 """
 
-from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release,
+                             PyObject_GetBuffer)
 from libc.float cimport DBL_MAX
 from libc.math cimport INFINITY
 from libc.stdint cimport int64_t, uint64_t, uintptr_t

@@ -21,15 +21,15 @@ converted before the GIL is released, by the rules of :mod:`cpprb_ray._rules`.
 
 cimport cython
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
-                             PyBUF_RECORDS_RO, PyBUF_WRITABLE, PyBuffer_IsContiguous,
-                             PyBuffer_Release, PyObject_GetBuffer)
+                             PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer)
 from cpython.exc cimport PyErr_CheckSignals
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 from posix.types cimport pid_t
 from posix.unistd cimport getpid
 
+from cpprb_ray._columns cimport AddFrame, ColumnTable
 from cpprb_ray._core cimport (HEADER_BYTES, LAYOUT_AT, MUTEX_AT, OP_NONE, ST_ALL_TORN,
                               ST_ALL_ZERO, ST_CORRUPT, ST_EMPTY, ST_LOCK_ERROR, ST_LOCK_TIMEOUT,
                               ST_NAN_TREE, ST_OK, VERSION, Header, StoreView, store_add,
@@ -63,22 +63,11 @@ cdef double LOCK_SLICE_S = 0.05   # between two slices of a lock wait: signals, 
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 
 _ndarray = np.ndarray
-_generic = np.generic
-_floating = np.floating
-_integer = np.integer
-_bool = np.bool_
 _empty = np.empty
 _INT64 = np.dtype(np.int64)
 _FLOAT32 = np.dtype(np.float32)
 _UINT64 = np.dtype(np.uint64)
 _FLOAT64 = np.dtype(np.float64)
-
-# Buffer-protocol format codes of the plain numeric dtypes, the ones the store converts itself.
-_CODES = b"?bBhHiIlLqQfd"
-cdef enum Accept:
-    REFUSE = 0
-    EXACT = 1
-    CONVERT = 2
 
 
 def tree_nbytes(capacity):
@@ -166,7 +155,7 @@ def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps,
         PyBuffer_Release(&view)
 
 
-# -- statuses -> exceptions: the one place ----------------------------------------------------------
+# -- statuses -> exceptions: the one place ------------------------------------------------------
 
 cdef int raise_status(int64_t status, ReplayStore store) except -1:
     if status == ST_EMPTY:
@@ -192,7 +181,7 @@ cdef int raise_status(int64_t status, ReplayStore store) except -1:
     raise SystemError(f"unknown store status {status}")
 
 
-# -- kernels behind the driver: one argument struct each ------------------------------------------
+# -- kernels behind the driver: one argument struct each ----------------------------------------
 
 ctypedef int64_t (*Kernel)(StoreView* view, void* arguments) noexcept nogil
 
@@ -265,112 +254,7 @@ cdef int64_t tree_kernel(StoreView* view, void* arguments) noexcept nogil:
     return 0
 
 
-# -- conversions of add's input ---------------------------------------------------------------------
-
-cdef inline double load_real(const uint8_t* p, char code) noexcept nogil:
-    if code == b"d":
-        return (<const double*>p)[0]
-    if code == b"f":
-        return (<const float*>p)[0]
-    if code == b"?" or code == b"B":
-        return p[0]
-    if code == b"b":
-        return (<const int8_t*>p)[0]
-    if code == b"h":
-        return (<const int16_t*>p)[0]
-    if code == b"H":
-        return (<const uint16_t*>p)[0]
-    if code == b"i":
-        return (<const int32_t*>p)[0]
-    if code == b"I":
-        return (<const uint32_t*>p)[0]
-    if code == b"l" or code == b"q":
-        return <double>(<const int64_t*>p)[0]
-    return <double>(<const uint64_t*>p)[0]
-
-
-cdef inline uint64_t load_integer(const uint8_t* p, char code) noexcept nogil:
-    # Two's complement bits of the value, as numpy's integer casts wrap them.
-    if code == b"?" or code == b"B":
-        return p[0]
-    if code == b"b":
-        return <uint64_t><int64_t>(<const int8_t*>p)[0]
-    if code == b"h":
-        return <uint64_t><int64_t>(<const int16_t*>p)[0]
-    if code == b"H":
-        return (<const uint16_t*>p)[0]
-    if code == b"i":
-        return <uint64_t><int64_t>(<const int32_t*>p)[0]
-    if code == b"I":
-        return (<const uint32_t*>p)[0]
-    return (<const uint64_t*>p)[0]
-
-
-cdef void convert(uint8_t* dst, char dst_code, int dst_size, const uint8_t* src, char src_code,
-                  int src_size, int64_t count) noexcept nogil:
-    """Cast `count` items as numpy's astype does for a same_kind pair (the caller checked it)."""
-    cdef int64_t k
-    cdef uint64_t bits
-    if dst_code == b"f" and src_code == b"d":          # the common one: float64 into float32
-        for k in range(count):
-            (<float*>dst)[k] = <float>(<const double*>src)[k]
-        return
-    if dst_code == b"f" or dst_code == b"d":
-        for k in range(count):
-            if dst_size == 4:
-                (<float*>dst)[k] = <float>load_real(src + k * src_size, src_code)
-            else:
-                (<double*>dst)[k] = load_real(src + k * src_size, src_code)
-        return
-    if dst_code == b"?":
-        for k in range(count):
-            dst[k] = 1 if src[k] else 0
-        return
-    for k in range(count):
-        bits = load_integer(src + k * src_size, src_code)
-        if dst_size == 1:
-            dst[k] = <uint8_t>bits
-        elif dst_size == 2:
-            (<uint16_t*>dst)[k] = <uint16_t>bits
-        elif dst_size == 4:
-            (<uint32_t*>dst)[k] = <uint32_t>bits
-        else:
-            (<uint64_t*>dst)[k] = bits
-
-
-cdef inline char format_code(const char* fmt) noexcept:
-    """The one struct code of a native-order numeric buffer format, or 0."""
-    if fmt == NULL:
-        return 0
-    if fmt[0] == b"@" or fmt[0] == b"=" or fmt[0] == b"<":
-        fmt += 1
-    if fmt[0] == 0 or fmt[1] != 0:
-        return 0
-    return fmt[0]
-
-
-cdef inline bint is_format(const Py_buffer* view, const char* codes, Py_ssize_t itemsize):
-    cdef char code = format_code(view.format)
-    if view.itemsize != itemsize or view.ndim > 1 or code == 0:
-        return False
-    while codes[0]:
-        if codes[0] == code:
-            return True
-        codes += 1
-    return False
-
-
 # What one add call holds while it runs: one block, freed in one place.
-cdef struct AddFrame:
-    Py_buffer* views
-    char* held
-    const uint8_t** pointers
-    double* staged          # one 8-byte slot per column for a scalar
-    void** owned            # conversion buffers
-    Py_buffer priority_view
-    bint priority_held
-
-
 @cython.final
 cdef class ReplayStore:
     """One mapped segment's kernels behind one driver. Built by :mod:`cpprb_ray.buffer`."""
@@ -386,30 +270,13 @@ cdef class ReplayStore:
     cdef pid_t pid                # process whose threads `active` counts, and the rng's seeder
     cdef int active               # threads of this process inside a call on this store
     cdef bint closing
-    cdef int column_count
-    cdef int64_t* columns
-    cdef int64_t* row_bytes
-    cdef int64_t* items           # elements per row of each column
-    cdef char* codes              # each column's format code
-    cdef int* itemsizes
-    cdef uint8_t* accept          # [column * 128 + code]: Accept
-    cdef tuple names
-    cdef tuple dtypes
-    cdef tuple shapes
-    cdef tuple sample_shapes      # per column: the row shape, for (batch, *shape)
+    cdef ColumnTable columns
 
     def __cinit__(self):
         self._has_buffer = False
-        self.columns = NULL
-        self.row_bytes = NULL
-        self.items = NULL
-        self.codes = NULL
-        self.itemsizes = NULL
-        self.accept = NULL
 
     def __init__(self, memory, columns, seed=None, lock_timeout=DEFAULT_LOCK_TIMEOUT_S):
         """`columns`: the layout's Column objects (name, dtype, shape, offset, row_bytes)."""
-        cdef int c, n = len(columns)
         cdef Header* header
         self.lock_timeout = _rules.as_real(lock_timeout, "lock_timeout")
         if not self.lock_timeout > 0:
@@ -417,35 +284,9 @@ cdef class ReplayStore:
         PyObject_GetBuffer(memory, &self._buffer, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
         self._has_buffer = True
         self._memory = memory
-        self.column_count = n
-        self.columns = <int64_t*>malloc(max(1, n) * sizeof(int64_t))
-        self.row_bytes = <int64_t*>malloc(max(1, n) * sizeof(int64_t))
-        self.items = <int64_t*>malloc(max(1, n) * sizeof(int64_t))
-        self.codes = <char*>malloc(max(1, n))
-        self.itemsizes = <int*>malloc(max(1, n) * sizeof(int))
-        self.accept = <uint8_t*>malloc(max(1, n) * 128)
-        if (self.columns == NULL or self.row_bytes == NULL or self.items == NULL
-                or self.codes == NULL or self.itemsizes == NULL or self.accept == NULL):
-            raise MemoryError()
-        memset(self.accept, REFUSE, max(1, n) * 128)
-        self.names = tuple(column.name for column in columns)
-        self.dtypes = tuple(column.dtype for column in columns)
-        self.shapes = tuple(tuple(column.shape) for column in columns)
-        for c in range(n):
-            column = columns[c]
-            self.columns[c] = column.offset
-            self.row_bytes[c] = column.row_bytes
-            self.itemsizes[c] = column.dtype.itemsize
-            self.items[c] = column.row_bytes // column.dtype.itemsize
-            native = column.dtype.isnative and column.dtype.char in "?bBhHiIlLqQfd"
-            self.codes[c] = ord(column.dtype.char) if native else 0
-            if native:
-                for code in _CODES:
-                    if np.dtype(chr(code)) == column.dtype:
-                        self.accept[c * 128 + code] = EXACT
-                    elif np.can_cast(np.dtype(chr(code)), column.dtype, casting="same_kind"):
-                        self.accept[c * 128 + code] = CONVERT
-        view_bind(&self.view, <uint8_t*>self._buffer.buf, self.columns, self.row_bytes, n)
+        self.columns = ColumnTable(columns)
+        view_bind(&self.view, <uint8_t*>self._buffer.buf, self.columns.offsets,
+                  self.columns.row_bytes, self.columns.count)
         header = self.view.header
         self.prioritized = header.prioritized != 0
         priority_rule(&self.rule, header.alpha, header.eps, self.view.capacity)
@@ -455,12 +296,6 @@ cdef class ReplayStore:
         self.closing = False
 
     def __dealloc__(self):
-        free(self.columns)
-        free(self.row_bytes)
-        free(self.items)
-        free(self.codes)
-        free(self.itemsizes)
-        free(self.accept)
         if self._has_buffer:
             PyBuffer_Release(&self._buffer)
 
@@ -604,41 +439,20 @@ cdef class ReplayStore:
             self.leave()
 
     cdef object _add(self, values, priorities):
-        cdef int n = self.column_count
-        cdef int c
-        cdef int64_t count = -1, rows
         cdef AddFrame frame
         cdef AddArguments arguments
+        cdef int64_t count
         cdef double* priority_pointer = NULL
         cdef double* weights = NULL
-        cdef size_t block = (n * sizeof(Py_buffer) + n + n * sizeof(uint8_t*) + n * 8
-                             + (n + 2) * sizeof(void*))
-        if len(values) != n:
-            raise ValueError(f"expected {n} columns; got {len(values)}")
-        cdef char* memory = <char*>malloc(block)
-        if memory == NULL:
-            raise MemoryError()
-        memset(memory, 0, block)
-        frame.views = <Py_buffer*>memory
-        frame.pointers = <const uint8_t**>(memory + n * sizeof(Py_buffer))
-        frame.staged = <double*>(<char*>frame.pointers + n * sizeof(uint8_t*))
-        frame.owned = <void**>(<char*>frame.staged + n * 8)
-        frame.held = <char*>frame.owned + (n + 2) * sizeof(void*)
-        frame.priority_held = False
+        cdef int n = self.columns.count
+        frame.block = NULL
         try:
-            for c in range(n):
-                rows = self.stage(&frame, c, values[c])
-                if count < 0:
-                    count = rows
-                elif rows != count:
-                    raise ValueError(f"ragged batch: column {self.names[c]!r} has {rows} rows, "
-                                     f"{self.names[0]!r} has {count}")
-            if count == 0:
-                raise ValueError("add needs at least one row; got a batch of 0")
+            self.columns.open_frame(&frame)
+            count = self.columns.stage_all(&frame, values)
             if priorities is not None:
                 if not self.prioritized:
                     raise TypeError("priorities are only for a PrioritizedReplayBuffer")
-                priority_pointer = self.stage_priorities(&frame, priorities, count)
+                priority_pointer = self.columns.stage_priorities(&frame, priorities, count)
                 weights = <double*>malloc(count * sizeof(double))
                 frame.owned[n + 1] = weights
                 if weights == NULL:
@@ -650,176 +464,7 @@ cdef class ReplayStore:
             arguments.weights = weights
             return self.run(add_kernel, &arguments)
         finally:
-            for c in range(n):
-                if frame.held[c]:
-                    PyBuffer_Release(&frame.views[c])
-            if frame.priority_held:
-                PyBuffer_Release(&frame.priority_view)
-            for c in range(n + 2):
-                free(frame.owned[c])
-            free(memory)
-
-    cdef int64_t stage(self, AddFrame* frame, int c, object value) except -2:
-        """Point frame.pointers[c] at column c's rows as the column dtype, C-contiguous (the
-        value itself when it already is; else a conversion it owns); returns the row count."""
-        cdef type kind = type(value)
-        cdef Py_buffer* view = &frame.views[c]
-        cdef char code
-        cdef uint8_t accept
-        cdef int64_t rows, k
-        cdef uint8_t* converted
-        if kind is float or kind is int or kind is bool or isinstance(value, _generic):
-            if self.stage_scalar(frame, c, value):
-                return 1
-            value = self.numpy_column(c, value)
-        elif kind is not _ndarray:
-            value = np.asarray(value)
-        PyObject_GetBuffer(value, view, PyBUF_RECORDS_RO)
-        frame.held[c] = 1
-        code = format_code(view.format)
-        accept = self.accept[c * 128 + <uint8_t>code] if code > 0 else REFUSE
-        if accept == REFUSE or not PyBuffer_IsContiguous(view, b"C"):
-            # Anything unusual (strided, byte-swapped, half floats, not castable): numpy
-            # casts it or says why not.
-            PyBuffer_Release(view)
-            frame.held[c] = 0
-            value = self.numpy_column(c, value)
-            PyObject_GetBuffer(value, view, PyBUF_RECORDS_RO)
-            frame.held[c] = 1
-            code = format_code(view.format)
-            accept = EXACT
-        rows = self.rows_in(c, view)
-        if accept == EXACT:
-            frame.pointers[c] = <const uint8_t*>view.buf
-            return rows
-        converted = <uint8_t*>malloc(max(1, rows * self.row_bytes[c]))
-        frame.owned[c] = converted
-        if converted == NULL:
-            raise MemoryError()
-        with nogil:
-            convert(converted, self.codes[c], self.itemsizes[c], <const uint8_t*>view.buf,
-                    code, <int>view.itemsize, rows * self.items[c])
-        frame.pointers[c] = converted
-        return rows
-
-    cdef int64_t rows_in(self, int c, const Py_buffer* view) except -2:
-        cdef tuple shape = self.shapes[c]
-        cdef int ndim = len(shape), d
-        cdef bint same = view.ndim == ndim
-        if same:
-            for d in range(ndim):
-                if view.shape[d] != <Py_ssize_t>shape[d]:
-                    same = False
-                    break
-            if same:
-                return 1
-        if view.ndim == ndim + 1:
-            same = True
-            for d in range(ndim):
-                if view.shape[d + 1] != <Py_ssize_t>shape[d]:
-                    same = False
-                    break
-            if same:
-                return view.shape[0]
-        if shape == (1,):
-            if view.ndim == 0:
-                return 1
-            if view.ndim == 1:
-                return view.shape[0]
-        actual = tuple([view.shape[d] for d in range(view.ndim)])
-        raise _rules.shape_error(self.names[c], shape, actual)
-
-    cdef object numpy_column(self, int c, object value):
-        """Column c's value through numpy: cast (same_kind) and made C-contiguous, or the error
-        that names the column."""
-        array = value if type(value) is _ndarray else np.asarray(value)
-        column = self.dtypes[c]
-        if array.dtype != column:
-            if not _rules.can_cast(array.dtype, column):
-                raise _rules.cast_error(self.names[c], column, array.dtype)
-            array = array.astype(column)
-        return np.ascontiguousarray(array)
-
-    cdef int stage_scalar(self, AddFrame* frame, int c, object value) except -1:
-        """Write a Python or numpy scalar as column c's one-element row; 0 when numpy's rules
-        are needed (a multi-element column, or a kind the column does not take as is)."""
-        cdef char code = self.codes[c]
-        cdef int size = self.itemsizes[c]
-        cdef type kind = type(value)
-        cdef uint8_t* slot = <uint8_t*>&frame.staged[c]
-        if self.items[c] != 1 or code == 0:
-            return 0
-        if isinstance(value, _generic):
-            if isinstance(value, _floating):
-                if code != b"f" and code != b"d":
-                    return 0
-                value = float(value)
-            elif isinstance(value, _bool):
-                value = bool(value)
-            elif isinstance(value, _integer):
-                if code == b"?":
-                    return 0
-                value = int(value)
-            else:
-                return 0
-            kind = type(value)
-        try:
-            if code == b"f" or code == b"d":
-                if kind is float or kind is int or kind is bool:
-                    if size == 8:
-                        (<double*>slot)[0] = <double>value
-                    else:
-                        (<float*>slot)[0] = <float><double>value
-                else:
-                    return 0
-            elif code == b"?":
-                if kind is not bool:
-                    return 0
-                slot[0] = 1 if value else 0
-            elif kind is int or kind is bool:
-                if code == b"l" or code == b"q":
-                    (<int64_t*>slot)[0] = <int64_t>value
-                else:
-                    return 0   # narrower integer columns: numpy says whether it fits
-            else:
-                return 0
-        except OverflowError:
-            return 0
-        frame.pointers[c] = slot
-        return 1
-
-    cdef double* stage_priorities(self, AddFrame* frame, object priorities,
-                                  int64_t count) except NULL:
-        """Priorities as `count` float64 values: a Python float, a float64 array as is, or
-        converted (the rules' real_vector) into memory the frame owns."""
-        cdef int n = self.column_count
-        cdef Py_buffer* view = &frame.priority_view
-        cdef type kind = type(priorities)
-        cdef double* values
-        if count == 1 and (kind is float or kind is int):
-            values = <double*>malloc(sizeof(double))
-            frame.owned[n] = values
-            if values == NULL:
-                raise MemoryError()
-            try:
-                values[0] = <double>priorities
-            except OverflowError:
-                raise ValueError(f"priorities must be finite and >= 0; got {priorities} at "
-                                 f"position 0") from None
-            return values
-        if kind is _ndarray:
-            PyObject_GetBuffer(priorities, view, PyBUF_RECORDS_RO)
-            frame.priority_held = True
-            if (is_format(view, b"d", 8) and PyBuffer_IsContiguous(view, b"C")
-                    and (view.ndim == 1 and view.shape[0] == count or
-                         view.ndim == 0 and count == 1)):
-                return <double*>view.buf
-            PyBuffer_Release(view)
-            frame.priority_held = False
-        array = _rules.real_vector(priorities, count, "priorities")
-        PyObject_GetBuffer(array, view, PyBUF_C_CONTIGUOUS)
-        frame.priority_held = True
-        return <double*>view.buf
+            self.columns.close_frame(&frame)
 
     # -- sample -------------------------------------------------------------------------------
 
@@ -836,25 +481,27 @@ cdef class ReplayStore:
             self.leave()
 
     cdef object _sample(self, int64_t batch, double beta, out):
-        cdef int n = self.column_count
+        cdef int n = self.columns.count
         cdef int count = n + 3, c
         cdef SampleArguments arguments
         cdef Py_buffer* views
         cdef uint8_t** pointers
         cdef int acquired = 0
         cdef dict result = {}
+        cdef ColumnTable columns = self.columns
         if batch <= 0:
             raise ValueError(f"batch_size must be > 0; got {batch}")
         if out is None:
             for c in range(n):
-                result[self.names[c]] = _empty((batch,) + <tuple>self.shapes[c], self.dtypes[c])
+                result[columns.names[c]] = _empty((batch,) + <tuple>columns.shapes[c],
+                                                  columns.dtypes[c])
             result["indexes"] = _empty(batch, _INT64)
             result["weights"] = _empty(batch, _FLOAT32)
             result["generations"] = _empty(batch, _UINT64)
         else:
             self.check_out(out, batch)
             for c in range(n):
-                result[self.names[c]] = out[self.names[c]]
+                result[self.columns.names[c]] = out[self.columns.names[c]]
             result["indexes"] = out["indexes"]
             result["weights"] = out["weights"]
             result["generations"] = out["generations"]
@@ -888,8 +535,9 @@ cdef class ReplayStore:
     cdef int check_out(self, out, int64_t batch) except -1:
         if not isinstance(out, dict):
             raise TypeError(f"out must be a dict of arrays; got {type(out).__name__}")
-        expected = [(self.names[c], (batch,) + <tuple>self.shapes[c], self.dtypes[c])
-                    for c in range(self.column_count)]
+        cdef ColumnTable columns = self.columns
+        expected = [(columns.names[c], (batch,) + <tuple>columns.shapes[c], columns.dtypes[c])
+                    for c in range(self.columns.count)]
         expected += [("indexes", (batch,), _INT64), ("weights", (batch,), _FLOAT32),
                      ("generations", (batch,), _UINT64)]
         for name, shape, dtype in expected:
@@ -1003,7 +651,7 @@ cdef class ReplayStore:
     def snapshot(self, outputs, indexes, leaves):
         """Copy every committed row in slot order into `outputs` (each sized for the stored size
         read before the call); returns how many rows were copied (torn rows are left out)."""
-        cdef int n = self.column_count, c, acquired = 0
+        cdef int n = self.columns.count, c, acquired = 0
         cdef SnapshotArguments arguments
         cdef Py_buffer* views = <Py_buffer*>malloc((n + 2) * sizeof(Py_buffer))
         cdef uint8_t** pointers = <uint8_t**>malloc((n + 2) * sizeof(uint8_t*))
@@ -1051,4 +699,3 @@ cdef class ReplayStore:
         generations = np.ndarray((self.view.capacity,), dtype=np.uint64, buffer=self._memory,
                                  offset=header.data_offset, strides=(self.view.stride,))
         return generations[np.asarray(indexes, dtype=np.int64)].copy()
-

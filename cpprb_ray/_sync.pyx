@@ -7,7 +7,8 @@ EOWNERDEAD at once instead of waiting forever, repairs what the dead holder left
 marks the mutex consistent. Waiting always happens with the GIL released.
 """
 
-from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release,
+                             PyObject_GetBuffer)
 from libc.stdint cimport uintptr_t
 from posix.time cimport CLOCK_REALTIME, clock_gettime
 from libc.string cimport memset

@@ -7,7 +7,6 @@ segment's name and re-attach in place wherever they are unpickled on the same ho
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time

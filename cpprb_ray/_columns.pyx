@@ -1,0 +1,309 @@
+# cython: language_level=3
+"""A buffer's columns, and the staging of add()'s values into rows of them.
+
+The store's add takes, per column, an array of the row or batch shape of any same_kind-castable
+numeric dtype and any strides, a Python or numpy scalar, or a list. Values that already are
+C-contiguous rows of the column dtype are used in place; plain numeric casts (float64 into a
+float32 column, Python scalars, bools) are done here without numpy; anything else (strided,
+byte-swapped, half floats, lists) goes through numpy once, which also says what is wrong with a
+value that cannot be a row. Which source dtypes a column accepts, and how, is numpy's own
+``can_cast(..., "same_kind")``, asked once per column and dtype when the table is built.
+"""
+
+cimport cython
+from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_RECORDS_RO, PyBuffer_IsContiguous,
+                             PyBuffer_Release, PyObject_GetBuffer)
+from libc.stdint cimport int64_t, uint8_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+
+from cpprb_ray._convert cimport convert, format_code, is_format
+
+import numpy as np
+
+from cpprb_ray import _rules
+
+_ndarray = np.ndarray
+_generic = np.generic
+_floating = np.floating
+_integer = np.integer
+_bool = np.bool_
+
+# Buffer-protocol format codes of the plain numeric dtypes, the ones converted here.
+_CODES = b"?bBhHiIlLqQfd"
+cdef enum Accept:
+    REFUSE = 0
+    EXACT = 1
+    CONVERT = 2
+
+
+@cython.final
+cdef class ColumnTable:
+    """The columns of a layout (name, dtype, shape, offset and row_bytes of each), as C tables.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from cpprb_ray import _layout
+    >>> from cpprb_ray._columns import ColumnTable
+    >>> columns = _layout.parse_env_dict({"obs": {"shape": 2}, "act": {"dtype": np.int64}})
+    >>> table = ColumnTable(columns)
+    >>> table.count, table.names, table.shapes
+    (2, ('obs', 'act'), ((2,), (1,)))
+    """
+
+    def __cinit__(self):
+        self.offsets = NULL
+        self.row_bytes = NULL
+        self.items = NULL
+        self.codes = NULL
+        self.itemsizes = NULL
+        self.accept = NULL
+
+    def __init__(self, columns):
+        cdef int c, n = len(columns)
+        self.count = n
+        self.offsets = <int64_t*>malloc(max(1, n) * sizeof(int64_t))
+        self.row_bytes = <int64_t*>malloc(max(1, n) * sizeof(int64_t))
+        self.items = <int64_t*>malloc(max(1, n) * sizeof(int64_t))
+        self.codes = <char*>malloc(max(1, n))
+        self.itemsizes = <int*>malloc(max(1, n) * sizeof(int))
+        self.accept = <uint8_t*>malloc(max(1, n) * 128)
+        if (self.offsets == NULL or self.row_bytes == NULL or self.items == NULL
+                or self.codes == NULL or self.itemsizes == NULL or self.accept == NULL):
+            raise MemoryError()
+        memset(self.accept, REFUSE, max(1, n) * 128)
+        self.names = tuple(column.name for column in columns)
+        self.dtypes = tuple(column.dtype for column in columns)
+        self.shapes = tuple(tuple(column.shape) for column in columns)
+        for c in range(n):
+            column = columns[c]
+            self.offsets[c] = column.offset
+            self.row_bytes[c] = column.row_bytes
+            self.itemsizes[c] = column.dtype.itemsize
+            self.items[c] = column.row_bytes // column.dtype.itemsize
+            plain = column.dtype.isnative and column.dtype.char in "?bBhHiIlLqQfd"
+            self.codes[c] = ord(column.dtype.char) if plain else 0
+            if plain:
+                for code in _CODES:
+                    if np.dtype(chr(code)) == column.dtype:
+                        self.accept[c * 128 + code] = EXACT
+                    elif np.can_cast(np.dtype(chr(code)), column.dtype, casting="same_kind"):
+                        self.accept[c * 128 + code] = CONVERT
+
+    def __dealloc__(self):
+        free(self.offsets)
+        free(self.row_bytes)
+        free(self.items)
+        free(self.codes)
+        free(self.itemsizes)
+        free(self.accept)
+
+    cdef int open_frame(self, AddFrame* frame) except -1:
+        cdef int n = self.count
+        cdef size_t size = (n * sizeof(Py_buffer) + n * sizeof(uint8_t*) + n * 8
+                            + (n + 2) * sizeof(void*) + n)
+        frame.block = <char*>malloc(size)
+        if frame.block == NULL:
+            raise MemoryError()
+        memset(frame.block, 0, size)
+        frame.views = <Py_buffer*>frame.block
+        frame.pointers = <const uint8_t**>(frame.block + n * sizeof(Py_buffer))
+        frame.staged = <double*>(<char*>frame.pointers + n * sizeof(uint8_t*))
+        frame.owned = <void**>(<char*>frame.staged + n * 8)
+        frame.held = <char*>frame.owned + (n + 2) * sizeof(void*)
+        frame.priority_held = False
+        return 0
+
+    cdef void close_frame(self, AddFrame* frame) noexcept:
+        cdef int c
+        if frame.block == NULL:
+            return
+        for c in range(self.count):
+            if frame.held[c]:
+                PyBuffer_Release(&frame.views[c])
+        if frame.priority_held:
+            PyBuffer_Release(&frame.priority_view)
+        for c in range(self.count + 2):
+            free(frame.owned[c])
+        free(frame.block)
+        frame.block = NULL
+
+    cdef int64_t stage_all(self, AddFrame* frame, object values) except -2:
+        """Stage one value per column (in column order); returns the common row count."""
+        cdef int c
+        cdef int64_t count = -1, rows
+        if len(values) != self.count:
+            raise ValueError(f"expected {self.count} columns; got {len(values)}")
+        for c in range(self.count):
+            rows = self.stage(frame, c, values[c])
+            if count < 0:
+                count = rows
+            elif rows != count:
+                raise ValueError(f"ragged batch: column {self.names[c]!r} has {rows} rows, "
+                                 f"{self.names[0]!r} has {count}")
+        if count == 0:
+            raise ValueError("add needs at least one row; got a batch of 0")
+        return count
+
+    cdef int64_t stage(self, AddFrame* frame, int c, object value) except -2:
+        """Point frame.pointers[c] at column c's rows as the column dtype, C-contiguous (the
+        value itself when it already is; else a conversion it owns); returns the row count."""
+        cdef type kind = type(value)
+        cdef Py_buffer* view = &frame.views[c]
+        cdef char code
+        cdef uint8_t accept
+        cdef int64_t rows
+        cdef uint8_t* converted
+        if kind is float or kind is int or kind is bool or isinstance(value, _generic):
+            if self.stage_scalar(frame, c, value):
+                return 1
+            value = self.numpy_column(c, value)
+        elif kind is not _ndarray:
+            value = np.asarray(value)
+        PyObject_GetBuffer(value, view, PyBUF_RECORDS_RO)
+        frame.held[c] = 1
+        code = format_code(view.format)
+        accept = self.accept[c * 128 + <uint8_t>code] if code > 0 else REFUSE
+        if accept == REFUSE or not PyBuffer_IsContiguous(view, b"C"):
+            # Anything unusual (strided, byte-swapped, half floats, not castable): numpy
+            # casts it or says why not.
+            PyBuffer_Release(view)
+            frame.held[c] = 0
+            value = self.numpy_column(c, value)
+            PyObject_GetBuffer(value, view, PyBUF_RECORDS_RO)
+            frame.held[c] = 1
+            code = format_code(view.format)
+            accept = EXACT
+        rows = self.rows_in(c, view)
+        if accept == EXACT:
+            frame.pointers[c] = <const uint8_t*>view.buf
+            return rows
+        converted = <uint8_t*>malloc(max(1, rows * self.row_bytes[c]))
+        frame.owned[c] = converted
+        if converted == NULL:
+            raise MemoryError()
+        with nogil:
+            convert(converted, self.codes[c], self.itemsizes[c], <const uint8_t*>view.buf,
+                    code, <int>view.itemsize, rows * self.items[c])
+        frame.pointers[c] = converted
+        return rows
+
+    cdef int64_t rows_in(self, int c, const Py_buffer* view) except -2:
+        cdef tuple shape = self.shapes[c]
+        cdef int ndim = len(shape), d
+        cdef bint same = view.ndim == ndim
+        if same:
+            for d in range(ndim):
+                if view.shape[d] != <Py_ssize_t>shape[d]:
+                    same = False
+                    break
+            if same:
+                return 1
+        if view.ndim == ndim + 1:
+            same = True
+            for d in range(ndim):
+                if view.shape[d + 1] != <Py_ssize_t>shape[d]:
+                    same = False
+                    break
+            if same:
+                return view.shape[0]
+        if shape == (1,):
+            if view.ndim == 0:
+                return 1
+            if view.ndim == 1:
+                return view.shape[0]
+        actual = tuple([view.shape[d] for d in range(view.ndim)])
+        raise _rules.shape_error(self.names[c], shape, actual)
+
+    cdef object numpy_column(self, int c, object value):
+        """Column c's value through numpy: cast (same_kind) and made C-contiguous, or the error
+        that names the column."""
+        array = value if type(value) is _ndarray else np.asarray(value)
+        column = self.dtypes[c]
+        if array.dtype != column:
+            if not _rules.can_cast(array.dtype, column):
+                raise _rules.cast_error(self.names[c], column, array.dtype)
+            array = array.astype(column)
+        return np.ascontiguousarray(array)
+
+    cdef int stage_scalar(self, AddFrame* frame, int c, object value) except -1:
+        """Write a Python or numpy scalar as column c's one-element row; 0 when numpy's rules
+        are needed (a multi-element column, or a kind the column does not take as is)."""
+        cdef char code = self.codes[c]
+        cdef int size = self.itemsizes[c]
+        cdef type kind = type(value)
+        cdef uint8_t* slot = <uint8_t*>&frame.staged[c]
+        if self.items[c] != 1 or code == 0:
+            return 0
+        if isinstance(value, _generic):
+            if isinstance(value, _floating):
+                if code != b"f" and code != b"d":
+                    return 0
+                value = float(value)
+            elif isinstance(value, _bool):
+                value = bool(value)
+            elif isinstance(value, _integer):
+                if code == b"?":
+                    return 0
+                value = int(value)
+            else:
+                return 0
+            kind = type(value)
+        try:
+            if code == b"f" or code == b"d":
+                if kind is float or kind is int or kind is bool:
+                    if size == 8:
+                        (<double*>slot)[0] = <double>value
+                    else:
+                        (<float*>slot)[0] = <float><double>value
+                else:
+                    return 0
+            elif code == b"?":
+                if kind is not bool:
+                    return 0
+                slot[0] = 1 if value else 0
+            elif kind is int or kind is bool:
+                if code == b"l" or code == b"q":
+                    (<int64_t*>slot)[0] = <int64_t>value
+                else:
+                    return 0   # narrower integer columns: numpy says whether it fits
+            else:
+                return 0
+        except OverflowError:
+            return 0
+        frame.pointers[c] = slot
+        return 1
+
+    cdef double* stage_priorities(self, AddFrame* frame, object priorities,
+                                  int64_t count) except NULL:
+        """Priorities as `count` float64 values: a Python float, a float64 array as is, or
+        converted (the rules' real_vector) into memory the frame owns."""
+        cdef int n = self.count
+        cdef Py_buffer* view = &frame.priority_view
+        cdef type kind = type(priorities)
+        cdef double* values
+        if count == 1 and (kind is float or kind is int):
+            values = <double*>malloc(sizeof(double))
+            frame.owned[n] = values
+            if values == NULL:
+                raise MemoryError()
+            try:
+                values[0] = <double>priorities
+            except OverflowError:
+                raise ValueError(f"priorities must be finite and >= 0; got {priorities} at "
+                                 f"position 0") from None
+            return values
+        if kind is _ndarray:
+            PyObject_GetBuffer(priorities, view, PyBUF_RECORDS_RO)
+            frame.priority_held = True
+            if (is_format(view, b"d", 8) and PyBuffer_IsContiguous(view, b"C")
+                    and (view.ndim == 1 and view.shape[0] == count or
+                         view.ndim == 0 and count == 1)):
+                return <double*>view.buf
+            PyBuffer_Release(view)
+            frame.priority_held = False
+        array = _rules.real_vector(priorities, count, "priorities")
+        PyObject_GetBuffer(array, view, PyBUF_C_CONTIGUOUS)
+        frame.priority_held = True
+        return <double*>view.buf
