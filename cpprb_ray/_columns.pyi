@@ -2,8 +2,11 @@
 
 from typing import Any, Sequence, Tuple
 
+from typing_extensions import final
+
 import numpy as np
 
+@final
 class ColumnTable:
     count: int
     names: Tuple[str, ...]

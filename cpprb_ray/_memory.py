@@ -25,7 +25,7 @@ import tempfile
 from typing import Optional, Tuple, Union
 
 try:  # CPython >= 3.8 on POSIX
-    import _posixshmem
+    import _posixshmem  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - exercised by the Python 3.7 leg
     _posixshmem = None
 

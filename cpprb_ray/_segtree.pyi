@@ -2,16 +2,20 @@
 
 from typing import Any, Optional, Sequence, Union
 
+from typing_extensions import disjoint_base
+
 import numpy as np
 import numpy.typing as npt
 
 _Indices = Union[int, Sequence[int], npt.NDArray[np.integer[Any]]]
 _Values = Union[float, Sequence[float], npt.NDArray[Any]]
 
+@disjoint_base
 class Random:
     def __init__(self, seed: Optional[int] = ...) -> None: ...
     def random(self, size: int) -> npt.NDArray[np.float64]: ...
 
+@disjoint_base
 class SegmentTree:
     @staticmethod
     def nbytes(capacity: int) -> int: ...
@@ -31,5 +35,7 @@ class SegmentTree:
     def sample(self, batch_size: int, rng: Random) -> npt.NDArray[np.int64]: ...
 
 def as_indices(indices: Any, capacity: int, name: str = ...) -> npt.NDArray[np.int64]: ...
-def as_values(values: Any, count: int, name: str = ...) -> npt.NDArray[np.float64]: ...
+def as_values(
+    values: Any, count: int, name: str = ..., upper: Optional[float] = ...,
+) -> npt.NDArray[np.float64]: ...
 def _seed_from(seed: Optional[int]) -> int: ...

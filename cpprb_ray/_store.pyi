@@ -2,6 +2,8 @@
 
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from typing_extensions import final
+
 import numpy as np
 import numpy.typing as npt
 
@@ -21,6 +23,7 @@ def initialize_segment(
     row_stride: int, created_ns: int,
 ) -> None: ...
 
+@final
 class ReplayStore:
     prioritized: bool
     lock_timeout: float

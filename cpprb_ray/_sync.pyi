@@ -2,8 +2,11 @@
 
 from typing import Any
 
+from typing_extensions import disjoint_base
+
 MUTEX_NBYTES: int
 
+@disjoint_base
 class SharedMutex:
     def __init__(self, memory: Any, *, initialize: bool = ...) -> None: ...
     def acquire(self) -> bool: ...
