@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -184,6 +184,52 @@ def interleaved_times(
         if enabled:
             gc.enable()
     return times
+
+
+def one_by_one_times(
+    calls: Dict[str, Callable[[], Any]],
+    rounds: int,
+    before: Optional[Callable[[], Any]] = None,
+) -> Dict[str, List[float]]:
+    """Seconds of single calls, interleaved one by one: ``{key: [seconds of each call]}``.
+
+    Each round makes ONE call of every ``calls[key]``, in an order rotated by one every round,
+    so that no library always runs right after the same other one (whose leftovers in the
+    cache would then help or hurt it alike every time) and a burst of outside load hits them
+    all. Between two calls of one library the others run, as other work runs between two
+    calls in a real program, so nobody's tree and rows are kept warm by its own previous call.
+    `before`, when given, runs before every call, untimed (the cold rows' cache sweep). The
+    garbage collector is off while timing, as in :func:`interleaved_times`.
+    """
+    keys = list(calls)
+    times: Dict[str, List[float]] = {key: [] for key in keys}
+    clock = time.perf_counter_ns
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for round_number in range(rounds):
+            shift = round_number % len(keys)
+            for key in keys[shift:] + keys[:shift]:
+                call = calls[key]
+                if before is not None:
+                    before()
+                start = clock()
+                call()
+                times[key].append((clock() - start) * 1e-9)
+    finally:
+        if enabled:
+            gc.enable()
+    return times
+
+
+def timer_overhead_us(count: int = 2000) -> float:
+    """Median µs that :func:`one_by_one_times` measures for a call that does nothing.
+
+    Every single-call time includes it (two clock reads and a Python call); it is reported,
+    not subtracted, so that every ratio errs against the faster side.
+    """
+    return summarize(one_by_one_times({"nothing": lambda: None}, count)["nothing"])["median_us"]
 
 
 def summarize(series: Sequence[float]) -> Dict[str, float]:
