@@ -290,6 +290,9 @@ def run_headline(cpprb_ray, cpprb, args, info: Dict[str, Any]) -> Dict[str, Any]
     """The headline section: measure, print, and return what goes into --json."""
     peers, skipped = libraries.import_peers()
     info["peers"] = peer_info(peers)
+    if peers:
+        print("peers measured: " + ", ".join(f"{key} {info['peers'][key]}" for key in peers)
+              + f" (torch {info['peers']['torch']}, {info['peers']['torch_threads']} threads)")
     for key, why in skipped.items():
         print(f"peer skipped: {key}: {why}")
     for line in libraries.version_notes(peers):
