@@ -237,13 +237,14 @@ def summarize(series: Sequence[float]) -> Dict[str, float]:
     return {"median_us": 1e6 * statistics.median(series), "min_us": 1e6 * min(series)}
 
 
-def verdict(median_meets: bool, minima_meet: bool) -> str:
+def verdict(median_meets: bool, minima_meet: bool, pair: str = "median and minima") -> str:
     """A target's verdict from the ratio of the medians and the ratio of the minima.
 
     Noise on a shared machine only ever adds time, and it can move either ratio past a target
     on its own (a slow 2^10 median once made 2^22 look 1.5x of it, with 2.6x of the minima).
     So a target is "met" only when both ratios meet it, "NOT met" when neither does, and
-    otherwise "unsettled", which asks for another run rather than a claim.
+    otherwise "unsettled", which asks for another run rather than a claim. `pair` names the
+    two ratios in that message when they are not medians and minima.
 
     >>> verdict(True, True), verdict(False, False), verdict(True, False)
     ('met', 'NOT met', 'unsettled (median and minima disagree: noise; run again)')
@@ -252,7 +253,7 @@ def verdict(median_meets: bool, minima_meet: bool) -> str:
         return "met"
     if not median_meets and not minima_meet:
         return "NOT met"
-    return "unsettled (median and minima disagree: noise; run again)"
+    return f"unsettled ({pair} disagree: noise; run again)"
 
 
 def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> str:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import inspect
 import multiprocessing
 import os
@@ -127,8 +128,10 @@ class Window:
         self.per_second[min(int(offset), len(self.per_second) - 1)] += amount
         return True
 
-    def report(self) -> Dict[str, Any]:
-        return {"total": sum(self.per_second), "per_second": self.per_second}
+    def report(self, began: float) -> Dict[str, Any]:
+        """The counts, and how late after `start` the counting side began (`began`)."""
+        return {"total": sum(self.per_second), "per_second": self.per_second,
+                "late_s": max(0.0, began - self.start)}
 
 
 def wait_until(moment: float) -> None:
@@ -158,6 +161,10 @@ def make_actor_classes(ray: Any) -> Dict[str, Any]:
             self.batches = actor_batches(seed, nstep)
             self.nstep = nstep
 
+        def ready(self) -> bool:
+            """Returns once __init__ has run (the actor's process is up, its pool drawn)."""
+            return True
+
         def _local_stager(self):
             """cpprb's N-step staging in a local buffer (cpprb's Ape-X recipe), for (b), (c)."""
             import cpprb
@@ -165,13 +172,21 @@ def make_actor_classes(ray: Any) -> Dict[str, Any]:
             return cpprb.ReplayBuffer(2 * ADD_ROWS, common.env_dict(),
                                       Nstep=nstep_spec(self.nstep))
 
-        def add_direct(self, buffer: Any, start: float, seconds: float) -> Dict[str, Any]:
-            """(a) and (c): add straight into `buffer` (a handle passed as an argument)."""
+        def add_direct(self, buffer: Any, start: float, seconds: float, stage_locally: bool,
+                       add_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+            """(a) and (c): add straight into `buffer` (a handle passed as an argument).
+
+            `stage_locally`: N-step staging in a local cpprb buffer ((c)); otherwise the
+            handle stages itself ((a)). `add_kwargs` (a rate-limited run: a timeout) go to
+            every add; an add that times out adds nothing and is tried again.
+            """
             window = Window(start, seconds)
-            stager = self._local_stager() if self.nstep and not hasattr(
-                buffer, "on_episode_end") else None
+            stager = self._local_stager() if self.nstep and stage_locally else None
             add = buffer.add
+            if add_kwargs:
+                add = functools.partial(add, **add_kwargs)
             wait_until(start)
+            began = time.time()
             k = 0
             while True:
                 batch = self.batches[k % POOL]
@@ -179,18 +194,23 @@ def make_actor_classes(ray: Any) -> Dict[str, Any]:
                 if stager is not None:
                     added = _stage_and_flush(stager, batch, add)
                 else:
-                    # With N-step on, our handle stages the steps itself; each step added
-                    # becomes one stored transition (at an episode's end, or n steps later).
-                    add(**batch)
-                    if self.nstep and batch["done"][-1]:
-                        buffer.on_episode_end()
-                    added = ADD_ROWS
+                    try:
+                        add(**batch)
+                    except TimeoutError:  # the rate limiter held it back; nothing was added
+                        k -= 1
+                        added = 0
+                    else:
+                        # With N-step on, our handle stages the steps itself; each step added
+                        # becomes one stored transition (at an episode's end or n steps on).
+                        if self.nstep and batch["done"][-1]:
+                            buffer.on_episode_end()
+                        added = ADD_ROWS
                 if not window.count(added, time.time()):
                     break
             close = getattr(buffer, "close", None)
             if close is not None:
                 close()  # a view: closing never frees the owner's segment
-            return window.report()
+            return window.report(began)
 
         def add_via(self, replay: Any, start: float, seconds: float) -> Dict[str, Any]:
             """(b): add.remote into the replay actor, at most IN_FLIGHT calls outstanding."""
@@ -201,6 +221,7 @@ def make_actor_classes(ray: Any) -> Dict[str, Any]:
             def send(**rows):
                 pending[replay.add.remote(**rows)] = len(rows["rew"])
             wait_until(start)
+            began = time.time()
             k = 0
             done = False
             while not done:
@@ -217,7 +238,7 @@ def make_actor_classes(ray: Any) -> Dict[str, Any]:
                     if not window.count(pending.pop(ref), now):
                         done = True
             ray.get(list(pending))  # drain; finished past the window, so not counted
-            return window.report()
+            return window.report(began)
 
     @ray.remote(num_cpus=0)
     class ReplayActor:
@@ -247,7 +268,9 @@ def _stage_and_flush(stager: Any, batch: Dict[str, np.ndarray], add: Any) -> int
 
     The staged rows' priorities are not carried through cpprb's local buffer, so what is sent
     gets the priorities of the batch's first rows (one per completed row): the same amount of
-    data as an actor that computes them from its TD errors would send.
+    data as an actor that computes them from its TD errors would send. cpprb's clear() also
+    empties its N-step staging, so mid-episode each flush loses the n - 1 steps still staged
+    (cpprb's recipe as documented; the rows sent are counted, not the steps added).
     """
     rows = {key: value for key, value in batch.items() if key != "priorities"}
     stager.add(**rows)
@@ -271,13 +294,20 @@ def learn(sample: Any, update: Any, start: float, seconds: float, seed: int) -> 
     priorities = [common.random_priorities(rng, BATCH) for _ in range(POOL)]
     window = Window(start, seconds)
     wait_until(start)
+    began = time.time()
     k = 0
     while True:
-        update(sample(), priorities[k % POOL])
-        k += 1
-        if not window.count(1, time.time()):
+        try:
+            batch = sample()
+        except TimeoutError:  # the rate limiter held the sample back
+            steps = 0
+        else:
+            update(batch, priorities[k % POOL])
+            k += 1
+            steps = 1
+        if not window.count(steps, time.time()):
             break
-    return window.report()
+    return window.report(began)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,6 +323,9 @@ def run_way(way: str, ray: Any, classes: Dict[str, Any], args: argparse.Namespac
     writers = [classes["Writer"].remote(args.seed + 1 + w, args.nstep, way == "cpprb_mp")
                for w in range(args.actors)]
     try:
+        # Worker processes can take seconds to start on a loaded machine: wait for them, so
+        # that the clock starts with every actor up.
+        ray.get([writer.ready.remote() for writer in writers], timeout=300)
         if way == "shared":
             cpprb_ray = common.import_cpprb_ray()
             buffer = cpprb_ray.PrioritizedReplayBuffer(
@@ -311,7 +344,8 @@ def run_way(way: str, ray: Any, classes: Dict[str, Any], args: argparse.Namespac
             def update(batch, priorities):
                 buffer.update_priorities(batch["indexes"], priorities, batch["generations"])
             start = time.time() + START_MARGIN_S
-            calls = [w.add_direct.remote(buffer, start, args.seconds) for w in writers]
+            calls = [w.add_direct.remote(buffer, start, args.seconds, False,
+                                         features.get("add_kwargs", {})) for w in writers]
         elif way == "replay_actor":
             replay = classes["ReplayActor"].remote(capacity, args.seed)
             cleanup.append(lambda: ray.kill(replay))
@@ -340,7 +374,8 @@ def run_way(way: str, ray: Any, classes: Dict[str, Any], args: argparse.Namespac
             def update(batch, priorities):
                 buffer.update_priorities(batch["indexes"], priorities)
             start = time.time() + START_MARGIN_S
-            calls = [w.add_direct.remote(buffer, start, args.seconds) for w in writers]
+            calls = [w.add_direct.remote(buffer, start, args.seconds, True, {})
+                     for w in writers]
         learner = learn(sample, update, start, args.seconds, args.seed + 100)
         reports = ray.get(calls, timeout=args.seconds + 120)
     finally:
@@ -349,12 +384,17 @@ def run_way(way: str, ray: Any, classes: Dict[str, Any], args: argparse.Namespac
         for step in reversed(cleanup):
             step()
     per_second = [sum(counts) for counts in zip(*(r["per_second"] for r in reports))]
+    late = max(r["late_s"] for r in reports + [learner])
+    if late > 0.5:
+        print(f"  warning: {LABELS[way]}: a side began {late:.1f} s after the common start "
+              f"(the window counts from the start; raise START_MARGIN_S)", file=sys.stderr)
     return {
         "way": way,
         "rows_added_per_s": sum(r["total"] for r in reports) / args.seconds,
         "learner_steps_per_s": learner["total"] / args.seconds,
         "rows_added_per_second": per_second,
         "learner_steps_per_second": learner["per_second"],
+        "late_s": late,
     }
 
 
@@ -382,9 +422,12 @@ def detect_features(args: argparse.Namespace) -> Dict[str, Any]:
             features["shared_kwargs"]["Nstep"] = nstep_spec(args.nstep)
     if args.rate_limit is not None:
         limiter = getattr(cpprb_ray, "SampleToInsertRatio", None)
-        if limiter is None or "rate_limiter" not in parameters:
-            missing.append("--rate-limit: not available in this build (no "
-                           "cpprb_ray.SampleToInsertRatio or no rate_limiter= argument)")
+        blocking = [name for name in ("add", "sample") if "timeout" not in inspect.signature(
+            getattr(cpprb_ray.PrioritizedReplayBuffer, name)).parameters]
+        if limiter is None or "rate_limiter" not in parameters or blocking:
+            missing.append("--rate-limit: not available in this build (it needs "
+                           "cpprb_ray.SampleToInsertRatio, a rate_limiter= argument and a "
+                           "timeout= argument of add and sample)")
         else:
             min_size = 10 * BATCH
             # Reverb's error_buffer: how far the sampled/inserted balance may stray from the
@@ -393,6 +436,9 @@ def detect_features(args: argparse.Namespace) -> Dict[str, Any]:
             features["shared_kwargs"]["rate_limiter"] = limiter(
                 args.rate_limit, min_size, error_buffer)
             features["fill_rows"] = min_size
+            # Blocked calls give up after a second, so that no side waits past the window
+            # for a peer that has stopped.
+            features["add_kwargs"] = features["sample_kwargs"] = {"timeout": 1.0}
             features["limiter"] = {"samples_per_insert": args.rate_limit,
                                    "min_size_to_sample": min_size,
                                    "error_buffer": error_buffer}
@@ -450,7 +496,8 @@ def summary(results: Dict[str, Dict[str, Any]]) -> List[str]:
             lines.append(f"{head}: not measured")
             continue
         r = ratio[key]
-        verdict = common.verdict(r["total"] >= target, r["median"] >= target)
+        verdict = common.verdict(r["total"] >= target, r["median"] >= target,
+                                 "totals and per-second medians")
         lines.append(f"{head}: {verdict} ({r['total']:.1f}x; {r['median']:.1f}x of the "
                      f"per-second medians)")
     return lines

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import bench_buffer, bench_segtree
+from benchmarks import bench_apex, bench_buffer, bench_segtree
 
 UNSETTLED = "unsettled (median and minima disagree: noise; run again)"
 
@@ -113,3 +113,74 @@ def test_consecutive_growth_is_reported_not_judged():
         "sample(256) at 2^22 / at 2^10 (consecutive): ours 3.00x (1.89x min over min), "
         "cpprb 3.00x"]
     assert bench_buffer.growth(consecutive_results(30.0, 17.0)[:1]) == []
+
+
+def apex_result(way: str, rows_per_s: float, steps_per_s: float, seconds: int = 4) -> dict:
+    return {"way": way, "rows_added_per_s": rows_per_s, "learner_steps_per_s": steps_per_s,
+            "rows_added_per_second": [rows_per_s] * seconds,
+            "learner_steps_per_second": [steps_per_s] * seconds, "late_s": 0.0}
+
+
+@pytest.mark.parametrize("rows, steps, rows_verdict, steps_verdict", [
+    (250_000, 6_000, "met", "met"),          # 25x and 60x of (b)
+    (150_000, 4_000, "NOT met", "NOT met"),  # 15x and 40x
+])
+def test_apex_target_verdicts(rows, steps, rows_verdict, steps_verdict):
+    results = {"shared": apex_result("shared", rows, steps),
+               "replay_actor": apex_result("replay_actor", 10_000, 100)}
+    lines = bench_apex.summary(results)
+    assert lines[0].startswith(f"target (a) >= 20x (b) in rows added/s: {rows_verdict} (")
+    assert lines[1].startswith(f"target (a) >= 50x (b) in learner steps/s: {steps_verdict} (")
+
+
+def test_apex_verdict_needs_totals_and_per_second_medians_to_agree():
+    shared = apex_result("shared", 250_000, 6_000)
+    # One good second and three slow ones: 25x of the totals, 10x of the per-second medians.
+    shared["rows_added_per_second"] = [700_000, 100_000, 100_000, 100_000]
+    results = {"shared": shared, "replay_actor": apex_result("replay_actor", 10_000, 100)}
+    assert bench_apex.summary(results)[0] == (
+        "target (a) >= 20x (b) in rows added/s: unsettled (totals and per-second medians "
+        "disagree: noise; run again) (25.0x; 10.0x of the per-second medians)")
+
+
+def test_apex_table_and_a_way_that_did_not_run():
+    results = {"shared": apex_result("shared", 250_000, 6_000),
+               "replay_actor": apex_result("replay_actor", 10_000, 100)}
+    lines = bench_apex.table(results).splitlines()
+    assert lines[2] == "| (a) shared buffer | 250,000 | 6,000.0 | - | - |"
+    assert lines[3] == "| (b) replay actor (cpprb) | 10,000 | 100.0 | 25.0x (25.0x) | 60.0x (60.0x) |"
+    assert len(lines) == 4  # (c) did not run: no line
+    assert bench_apex.summary({"shared": results["shared"]}) == [
+        "target (a) >= 20x (b) in rows added/s: not measured",
+        "target (a) >= 50x (b) in learner steps/s: not measured"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--remote"], "--remote: not implemented yet"),
+])
+def test_apex_refuses_what_it_cannot_do(argv, message, capsys):
+    with pytest.raises(SystemExit) as raised:
+        bench_apex.parse_args(argv)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_apex_nstep_staging_for_cpprb_sends_completed_transitions():
+    """(b) and (c) stage N steps in a local cpprb buffer: what they send is complete rows."""
+    cpprb = pytest.importorskip("cpprb")
+    stager = cpprb.ReplayBuffer(2 * bench_apex.ADD_ROWS, bench_apex.common.env_dict(),
+                                Nstep=bench_apex.nstep_spec(3))
+    batches = bench_apex.actor_batches(seed=0, nstep=3)
+    sent = []
+
+    def add(priorities, **rows):
+        assert len(priorities) == len(rows["rew"]) and set(rows) == set(
+            bench_apex.common.ENV_DICT)
+        sent.append(len(priorities))
+
+    counts = [bench_apex._stage_and_flush(stager, batch, add) for batch in batches[:5]]
+    # Mid-episode a batch of 50 steps completes 48 transitions; cpprb's clear() (its Ape-X
+    # recipe's flush) also drops the 2 staged steps, so every mid-episode batch sends 48. The
+    # fifth batch ends the episode: on_episode_end() flushes all 50.
+    assert counts == [48, 48, 48, 48, 50] and sent == counts
+    assert batches[4]["done"][-1] == 1 and not batches[3]["done"].any()
