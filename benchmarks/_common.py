@@ -200,6 +200,12 @@ def one_by_one_times(
     calls in a real program, so nobody's tree and rows are kept warm by its own previous call.
     `before`, when given, runs before every call, untimed (the cold rows' cache sweep). The
     garbage collector is off while timing, as in :func:`interleaved_times`.
+
+    >>> order = []
+    >>> times = one_by_one_times({"a": lambda: order.append("a"),
+    ...                           "b": lambda: order.append("b")}, 3)
+    >>> order, [len(series) for series in times.values()]
+    (['a', 'b', 'b', 'a', 'a', 'b'], [3, 3])
     """
     keys = list(calls)
     times: Dict[str, List[float]] = {key: [] for key in keys}

@@ -148,7 +148,8 @@ def test_apex_table_and_a_way_that_did_not_run():
                "replay_actor": apex_result("replay_actor", 10_000, 100)}
     lines = bench_apex.table(results).splitlines()
     assert lines[2] == "| (a) shared buffer | 250,000 | 6,000.0 | - | - |"
-    assert lines[3] == "| (b) replay actor (cpprb) | 10,000 | 100.0 | 25.0x (25.0x) | 60.0x (60.0x) |"
+    assert lines[3] == ("| (b) replay actor (cpprb) | 10,000 | 100.0 | 25.0x (25.0x) | "
+                        "60.0x (60.0x) |")
     assert len(lines) == 4  # (c) did not run: no line
     assert bench_apex.summary({"shared": results["shared"]}) == [
         "target (a) >= 20x (b) in rows added/s: not measured",
