@@ -272,8 +272,14 @@ def measure(label: str, kind: str, calls: Dict[str, Callable[[], Any]],
     before = sweep if kind == "cold" else None
     rounds = plan_rounds(calls, kind, plan, before)
     times = common.one_by_one_times(calls, rounds, before)
-    return row_result(label, kind, rounds, {side: common.summarize(series)
-                                            for side, series in times.items()})
+    result = row_result(label, kind, rounds, {side: common.summarize(series)
+                                              for side, series in times.items()})
+    # The spread of single calls, for the JSON: where a median moved, these show how.
+    result["quantiles_us"] = {
+        side: dict(zip(("p10", "p25", "p75", "p90"),
+                       (1e6 * np.quantile(series, (0.1, 0.25, 0.75, 0.9))).round(3).tolist()))
+        for side, series in times.items()}
+    return result
 
 
 def row_result(label: str, kind: str, rounds: int,
@@ -390,8 +396,8 @@ def summary(results: List[Dict[str, Any]], skipped: Dict[str, str]) -> List[str]
             continue
         ratio = r["ratios"].get(side)
         if ratio is None:
-            why = "not importable here" if side in skipped else "not run"
-            lines.append(f"{head}: not measured ({name} {why}; see the peer lines above)")
+            where = "; see the peer lines above" if side in skipped else ""
+            lines.append(f"{head}: not measured ({name} not run here{where})")
             continue
         verdict = common.verdict(ratio["median"] >= target, ratio["min"] >= target)
         lines.append(f"{head}: {verdict} ({ratio['median']:.1f}x; {ratio['min']:.1f}x min "

@@ -315,11 +315,17 @@ class TorchRLApi:
 # ---------------------------------------------------------------------------------------------
 
 
-def import_peers() -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """({key: module} of the peers importable here, {key: why not} of the others)."""
+def import_peers(wanted: Optional[List[str]] = None) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """({key: module} of the peers importable here, {key: why not} of the others).
+
+    `wanted`: only these peers (None: every peer); the others are skipped as not asked for.
+    """
     found: Dict[str, Any] = {}
     skipped: Dict[str, str] = {}
     for key, module_name, _ in PEERS:
+        if wanted is not None and key not in wanted:
+            skipped[key] = "not asked for (--peers)"
+            continue
         try:
             found[key] = importlib.import_module(module_name)
         except Exception as error:  # ImportError, or a broken install raising anything

@@ -269,6 +269,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of all random inputs")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
                         help="what to run (default: headline consecutive)")
+    parser.add_argument("--peers", nargs="+", choices=[key for key, _, _ in libraries.PEERS]
+                        + ["none"], help="headline: only these peers (default: every one "
+                        "importable here; none: ours and cpprb only)")
     parser.add_argument("--exponents", type=int, nargs="+", default=list(EXPONENTS),
                         metavar="E", help="consecutive section: capacities 2**E (default: "
                                           "10 17 20 22)")
@@ -288,7 +291,8 @@ def peer_info(modules: Dict[str, Any]) -> Dict[str, str]:
 
 def run_headline(cpprb_ray, cpprb, args, info: Dict[str, Any]) -> Dict[str, Any]:
     """The headline section: measure, print, and return what goes into --json."""
-    peers, skipped = libraries.import_peers()
+    wanted = None if args.peers is None else [key for key in args.peers if key != "none"]
+    peers, skipped = libraries.import_peers(wanted)
     info["peers"] = peer_info(peers)
     if peers:
         print("peers measured: " + ", ".join(f"{key} {info['peers'][key]}" for key in peers)

@@ -84,8 +84,8 @@ def test_a_peer_that_did_not_run_is_said_so_not_judged():
     results = headline_results(20.0, 20.0, sides=("cpprb", "torchrl"))
     skipped = {"tianshou": "not importable in this interpreter"}
     lines = bench_buffer.headline.summary(results, skipped)
-    assert ("target learner step, cold >= 6x tianshou: not measured (tianshou not importable "
-            "here; see the peer lines above)") in lines
+    assert ("target learner step, cold >= 6x tianshou: not measured (tianshou not run here; "
+            "see the peer lines above)") in lines
     table = bench_buffer.headline.table(results, ["torchrl"])
     sample_line = next(line for line in table.splitlines() if line.startswith("| sample(256) |"))
     # ours µs, cpprb, tianshou (not run), TorchRL, "-" (not a cast row)
