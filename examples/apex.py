@@ -93,8 +93,8 @@ def make_buffer(size: int, seed: int, samples_per_insert: float, min_size: int,
 class InsertCounter:
     """FALLBACK(rate limiter): rows ever inserted, from how far the buffer's next index moved.
 
-    Exact as long as it is polled before `capacity` rows go in between two polls (the learner
-    polls every step). Delete with the learner's own pacing once SampleToInsertRatio is merged.
+    Exact as long as fewer than `capacity` rows go in between two polls (the learner polls
+    every step). Delete with the learner's own pacing once SampleToInsertRatio is merged.
     """
 
     def __init__(self, rb: cpprb_ray.PrioritizedReplayBuffer) -> None:
@@ -105,11 +105,7 @@ class InsertCounter:
 
     def poll(self) -> int:
         index = self.rb.get_next_index()
-        moved = (index - self.last_index) % self.capacity
-        if moved == 0 and self.inserted < self.capacity and self.rb.get_stored_size() == \
-                self.capacity:
-            moved = self.capacity  # filled up exactly between two polls
-        self.inserted += moved
+        self.inserted += (index - self.last_index) % self.capacity
         self.last_index = index
         return self.inserted
 
@@ -203,7 +199,7 @@ def actor_class():
                 for name, value in (("obs", obs), ("act", action), ("rew", reward),
                                     ("next_obs", next_obs), ("done", float(terminated))):
                     staged[name].append(value)
-                episode_return += reward
+                episode_return += float(reward)
                 self.steps += 1
                 over = terminated or truncated
                 if over or len(staged["act"]) >= self.add_batch:
@@ -335,18 +331,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=240.0,
                         help="how long actors and learner run (after Ray is up)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--buffer-size", type=int, default=50_000, help="buffer rows")
+    parser.add_argument("--buffer-size", type=int, default=100_000, help="buffer rows")
     parser.add_argument("--batch-size", type=int, default=64, help="rows per learner step")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of return and throughput")
     parser.add_argument("--stop-when-solved", action="store_true",
                         help=f"stop once the mean return of the last {RECENT_EPISODES} "
                              f"episodes reaches {SOLVED_RETURN:g}")
-    parser.add_argument("--samples-per-insert", type=float, default=16.0,
+    parser.add_argument("--samples-per-insert", type=float, default=8.0,
                         help="replay ratio the rate limiter keeps (rows sampled per row added)")
     parser.add_argument("--min-size", type=int, default=1000,
                         help="rows stored before the learner starts")
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--target-every", type=int, default=500,
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--target-every", type=int, default=1000,
                         help="learner steps between target-network copies")
     parser.add_argument("--publish-every", type=int, default=200,
                         help="learner steps between weight publications")
@@ -366,20 +362,26 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+def error_buffer(args: argparse.Namespace) -> float:
+    """The limiter's slack, in sampled rows: a few learner batches, plus one add batch of every
+    actor at once (else an actor's whole batch could never fit in the window)."""
+    return 4.0 * args.batch_size + 2.0 * args.add_batch * args.actors * args.samples_per_insert
+
+
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     cpus = os.cpu_count() or 1
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+    # address="local": always a fresh instance of our own, never a cluster someone else started.
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     # Ray workers cannot import dqn_numpy by name: ship its code with the actor class.
     ray.cloudpickle.register_pickle_by_value(dqn_numpy)
     rb = None
     try:
-        # Error margin of the limiter: a few learner batches either way.
         rb, nstep, limited = make_buffer(args.buffer_size, args.seed, args.samples_per_insert,
-                                         args.min_size, 4.0 * args.batch_size)
+                                         args.min_size, error_buffer(args))
         print(f"apex: buffer {rb.name}: N-step "
               f"{f'in the buffer (n={NSTEP}, gamma={GAMMA})' if nstep else 'NOT available: 1-step rows (fallback)'}"  # noqa: E501
               f"; rate limiter "
@@ -436,9 +438,11 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
             else:
                 # FALLBACK(rate limiter): sample only while rows sampled <= samples_per_insert *
                 # rows inserted (+ a few batches). Actors are not slowed down.
+                assert counter is not None
                 inserted = counter.poll()
                 if (rb.get_stored_size() < args.min_size
-                        or samples > args.samples_per_insert * inserted + 4 * args.batch_size):
+                        or samples + args.batch_size > args.samples_per_insert * inserted
+                        + error_buffer(args)):
                     time.sleep(0.001)
                     continue
                 batch = rb.sample(args.batch_size, beta)
@@ -479,6 +483,8 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
         "nstep": "buffer" if nstep else "fallback-1step",
         "rate_limiter": "SampleToInsertRatio" if limited else "fallback-learner-pacing",
         "samples_per_insert": round(samples / max(progress.rows_added, 1), 2),
+        "rate_limit": {"samples_per_insert": args.samples_per_insert,
+                       "min_size": args.min_size, "error_buffer": error_buffer(args)},
     }
     if hasattr(rb, "stats"):
         result["buffer_stats"] = rb.stats()

@@ -17,7 +17,7 @@ Examples
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -49,7 +49,7 @@ class MLP:
     """
 
     def __init__(self, sizes: Sequence[int], seed: Optional[int] = None,
-                 dtype: "np.typing.DTypeLike" = np.float32) -> None:
+                 dtype: Any = np.float32) -> None:
         if len(sizes) < 2 or any(int(size) <= 0 for size in sizes):
             raise ValueError(f"sizes must be >= 2 positive layer widths; got {list(sizes)}")
         rng = np.random.default_rng(seed)
@@ -153,7 +153,7 @@ class Adam:
     >>> import numpy as np
     >>> params = [np.array([1.0, -1.0])]
     >>> Adam(params, learning_rate=0.1).step([np.array([2.0, -3.0])])
-    >>> params[0].round(6)   # the first step moves each entry by the learning rate, against its sign
+    >>> params[0].round(6)   # the first step moves each entry by the learning rate
     array([ 0.9, -0.9])
     """
 
