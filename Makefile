@@ -1,6 +1,6 @@
 # cpprb_ray developer entry points. Every target sets up what it needs from a clean clone:
 #
-#   make demo         the main job (sets up .venv first)
+#   make demo         the main job: Ape-X on CartPole, examples/apex.py (sets up .venv first)
 #   make test         the whole test suite on Python 3.11 (sets up .venv first)
 #   make test-debug   tests/test_segtree.py tests/test_sync.py against a CPPRB_RAY_DEBUG=1 build
 #   make test37       the whole suite on CPython 3.7 (Cython 3.0, numpy 1.21, ray 2.7.2)
@@ -38,7 +38,8 @@ EXTENSIONS := _segtree _sync _store
 IMPORT_EXTENSIONS := import cpprb_ray._segtree, cpprb_ray._sync, cpprb_ray._store
 
 # Everything (but Python itself) that CI needs, pinned for CPython 3.7.
-PY37_DEPS := "cython>=3.0,<3.1" "numpy>=1.21,<1.22" "ray==2.7.2" pytest hypothesis cloudpickle
+PY37_DEPS := "cython>=3.0,<3.1" "numpy>=1.21,<1.22" "ray==2.7.2" pytest hypothesis cloudpickle \
+    gymnasium tqdm matplotlib
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
@@ -77,13 +78,16 @@ venv: .venv/.built
 test: venv
 	.venv/bin/python -m pytest -q $(PYTEST_ARGS)
 
+# Ape-X on CartPole (docs/apex.md): 2 actors, up to 90 s, stops once the mean return of the
+# last 20 episodes reaches 150; the figure goes to build/apex.png. DEMO_ARGS overrides.
+DEMO_ARGS ?= --actors 2 --seconds 90 --seed 0 --stop-when-solved --plot build/apex.png
+
 demo: venv
-	@test -f benchmarks/bench_segtree.py \
-	    || { echo "error: benchmarks/bench_segtree.py does not exist yet" >&2; exit 1; }
-	.venv/bin/python benchmarks/bench_segtree.py --quick
+	@mkdir -p build
+	.venv/bin/python examples/apex.py $(DEMO_ARGS)
 
 lint: venv
-	.venv/bin/ruff check cpprb_ray
+	.venv/bin/ruff check cpprb_ray examples
 	.venv/bin/mypy cpprb_ray
 
 # ---------------------------------------------------------------------------------------------
