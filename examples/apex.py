@@ -420,6 +420,10 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
         while True:
             now = time.time()
             if now >= next_report:
+                finished, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
+                if finished:  # an actor's run() ended before it was told to: show why
+                    ray.get(finished)
+                    raise RuntimeError(f"{len(finished)} actor(s) stopped before the end")
                 # Control plane only: counts and finished episodes, never transitions.
                 reports = ray.get([actor.report.remote() for actor in actors])
                 progress.update(reports, samples, learner.steps, rb.get_stored_size(),
@@ -493,6 +497,12 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
 
 def main(argv: Optional[List[str]] = None) -> None:
     result = run(parse_args(argv))
+    solved = result["solved_at_seconds"]
+    print(f"apex: {result['learner_steps']} learner steps, {result['transitions_added']} rows "
+          f"added in {result['seconds']:.0f} s; mean return of the last {RECENT_EPISODES} "
+          f"episodes {'never reached' if solved is None else 'reached'} {SOLVED_RETURN:g}"
+          f"{'' if solved is None else f' at {solved:.1f} s'}, "
+          f"{result['mean_return_last_20']} at the end", file=sys.stderr)
     print(json.dumps(result, default=float), flush=True)
 
 
