@@ -1,6 +1,6 @@
 # cpprb_ray developer entry points. Every target sets up what it needs from a clean clone:
 #
-#   make demo         the main job (sets up .venv first)
+#   make demo         the main job: Ape-X on CartPole, examples/apex.py (sets up .venv first)
 #   make test         the whole test suite on Python 3.11 (sets up .venv first)
 #   make test-debug   tree, mutex, store and buffer tests against a CPPRB_RAY_DEBUG=1 build
 #   make test37       the whole suite on CPython 3.7 (Cython 3.0, numpy 1.21, ray 2.7.2)
@@ -41,7 +41,8 @@ EXTENSIONS := _segtree _sync _rules _core _columns _store
 IMPORT_EXTENSIONS := import cpprb_ray._segtree, cpprb_ray._sync, cpprb_ray._rules, cpprb_ray._core, cpprb_ray._columns, cpprb_ray._store
 
 # Everything (but Python itself) that CI needs, pinned for CPython 3.7.
-PY37_DEPS := "cython>=3.0,<3.1" "numpy>=1.21,<1.22" "ray==2.7.2" pytest hypothesis cloudpickle
+PY37_DEPS := "cython>=3.0,<3.1" "numpy>=1.21,<1.22" "ray==2.7.2" pytest hypothesis cloudpickle \
+    gymnasium tqdm matplotlib
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
@@ -62,7 +63,7 @@ help:
 	@echo "== .venv: $(PYTHON) ($$($(PYTHON) -V 2>&1))"
 	test -x .venv/bin/python || $(PYTHON) -m venv .venv
 	.venv/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel "Cython>=3.1"
-	.venv/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation -e '.[test,ray,dev]'
+	.venv/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation -e '.[test,ray,dev,examples]'
 	.venv/bin/python -m pip install $(PIP_FLAGS) cpprb \
 	    || echo "warning: cpprb did not install; API parity tests and comparisons will skip" >&2
 	touch $@
@@ -80,15 +81,18 @@ venv: .venv/.built
 test: venv
 	.venv/bin/python -m pytest -q $(PYTEST_ARGS)
 
+# Ape-X on CartPole (docs/apex.md): 2 actors, up to 90 s, stops once the mean return of the
+# last 20 episodes reaches 150; the figure goes to build/apex.png. DEMO_ARGS overrides.
+DEMO_ARGS ?= --actors 2 --seconds 90 --seed 0 --stop-when-solved --plot build/apex.png
+
 demo: venv
-	@test -f benchmarks/bench_segtree.py \
-	    || { echo "error: benchmarks/bench_segtree.py does not exist yet" >&2; exit 1; }
-	.venv/bin/python benchmarks/bench_segtree.py --quick
+	@mkdir -p build
+	.venv/bin/python examples/apex.py $(DEMO_ARGS)
 
 # ruff and mypy on the Python, stubtest of the .pyi stubs against the built extensions, and
 # cython-lint on the Cython sources.
 lint: venv
-	.venv/bin/ruff check cpprb_ray tests benchmarks $(wildcard examples)
+	.venv/bin/ruff check cpprb_ray tests benchmarks examples
 	.venv/bin/mypy cpprb_ray
 	.venv/bin/python -m mypy.stubtest cpprb_ray --allowlist .ci/stubtest-allowlist.txt
 	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/cython-lint --max-line-length 100 \
