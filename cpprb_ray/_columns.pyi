@@ -2,9 +2,8 @@
 
 from typing import Any, Sequence, Tuple
 
-from typing_extensions import final
-
 import numpy as np
+from typing_extensions import final
 
 @final
 class ColumnTable:

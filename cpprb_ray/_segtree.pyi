@@ -2,10 +2,9 @@
 
 from typing import Any, Optional, Sequence, Union
 
-from typing_extensions import disjoint_base
-
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 _Indices = Union[int, Sequence[int], npt.NDArray[np.integer[Any]]]
 _Values = Union[float, Sequence[float], npt.NDArray[Any]]

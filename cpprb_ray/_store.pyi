@@ -2,10 +2,9 @@
 
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from typing_extensions import final
-
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import final
 
 HEADER_NBYTES: int
 MUTEX_OFFSET: int
