@@ -41,7 +41,7 @@ _EXIT_PRIORITY = -10
 
 # Ownerships of this process (and, after a fork, of the parent: the pid check skips those) that
 # are not freed yet, for the SIGTERM handler.
-_live: Dict[int, "Ownership"] = {}
+_live: Dict[int, Ownership] = {}
 
 _Handler = Union[Callable[[int, Any], Any], int, None]
 _sigterm_enabled = True
