@@ -71,7 +71,8 @@ rows = np.random.default_rng(0).integers(0, 255, (4096, 1024), dtype=np.uint8)
 for first in range(0, 2**14, 4096):
     rb.add(obs=rows, rew=np.ones(4096))
 batch = rb.sample(64)
-report["filled"] = [rb.get_stored_size(), int((batch["obs"] == rows[batch["indexes"] % 4096]).all())]
+same = (batch["obs"] == rows[batch["indexes"] % 4096]).all()
+report["filled"] = [rb.get_stored_size(), int(same)]
 rb.clear()
 report["second"] = failure(lambda: cpprb_ray.ReplayBuffer(2**14, ENV, backend=backend), "/dev/shm")
 os.unlink(filler)
