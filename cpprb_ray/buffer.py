@@ -80,6 +80,17 @@ class ReplayBuffer:
     seed : int, optional
         Seed of this handle's sampler. Unpickled handles draw a fresh seed.
 
+    Raises
+    ------
+    OSError
+        ENOSPC when the filesystem (/dev/shm, or that of `path`) has no room for the whole
+        segment, which is reserved here rather than faulting (SIGBUS) at a later write.
+
+    Notes
+    -----
+    This process owns the segment and frees it on close, exit, or SIGTERM (see
+    :func:`cpprb_ray.install_sigterm_handler`); views in other processes never free it.
+
     Examples
     --------
     >>> from cpprb_ray import ReplayBuffer
