@@ -123,7 +123,7 @@ def create(backend: str, size: int, name: Optional[str] = None,
         memory = _map(fd, size)
     except BaseException as error:
         unlink_on_error()
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG):
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             # Free space is measured after the half-made object is gone, so it is what the user
             # actually has.
             raise no_space(size, file_of(backend, location)) from None
