@@ -14,12 +14,14 @@ Examples
 """
 
 from cpprb_ray._orphans import list_buffers, remove_buffer, remove_orphans
+from cpprb_ray._ownership import install_sigterm_handler
 from cpprb_ray.buffer import PrioritizedReplayBuffer, ReplayBuffer, attach
 
 __all__ = [
     "PrioritizedReplayBuffer",
     "ReplayBuffer",
     "attach",
+    "install_sigterm_handler",
     "list_buffers",
     "remove_buffer",
     "remove_orphans",

@@ -1,4 +1,7 @@
-"""Command line: ``python -m cpprb_ray ls`` and ``python -m cpprb_ray rm NAME | --orphans``."""
+"""Command line: ``python -m cpprb_ray ls`` and ``python -m cpprb_ray rm NAME | --orphans``.
+
+Errors are messages on stderr with a nonzero exit status, never tracebacks.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,9 @@ import argparse
 import sys
 from typing import List, Optional
 
-from cpprb_ray._orphans import list_buffers, remove_buffer, remove_orphans
+from cpprb_ray._orphans import UNKNOWN, list_buffers, remove_buffer, sweep_orphans
+
+_OWNER_TEXT = {"alive": "yes", "dead": "no", UNKNOWN: "unknown"}
 
 
 def _human(size: int) -> str:
@@ -27,6 +32,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     remove.add_argument("names", nargs="*", help="buffer names (shm) or paths (mmap)")
     remove.add_argument("--orphans", action="store_true",
                         help="remove every buffer whose owner process is gone")
+    remove.add_argument("--force", action="store_true",
+                        help="with --orphans, also remove buffers whose owner cannot be seen "
+                             "from here (another pid namespace or boot: another container)")
     args = parser.parse_args(argv)
 
     if args.command == "ls":
@@ -35,16 +43,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         for row in rows:
             rows_text = f"{row['stored']}/{row['capacity']}"
             print(f"{row['name']:<40} {row['backend']:<7} {_human(row['size']):>10} "
-                  f"{rows_text:>15} {row['owner_pid']:>9} {'yes' if row['owner_alive'] else 'no'}")
+                  f"{rows_text:>15} {row['owner_pid']:>9} {_OWNER_TEXT[row['owner_status']]}")
+        for row in rows:
+            if row["owner_status"] == UNKNOWN:
+                print(f"{row['name']}: owner unknown: {row['owner_why']}", file=sys.stderr)
         return 0
 
     if not args.names and not args.orphans:
         parser.error("rm needs NAME ... or --orphans")
+    if args.force and not args.orphans:
+        parser.error("--force goes with --orphans (rm NAME removes NAME whatever its owner)")
     status = 0
     for name in args.names:
         try:
             removed = remove_buffer(name)
-        except ValueError as error:
+        except (OSError, ValueError, TypeError) as error:
             print(f"refused {name}: {error}", file=sys.stderr)
             status = 1
             continue
@@ -54,8 +67,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"no such buffer: {name}", file=sys.stderr)
             status = 1
     if args.orphans:
-        for name in remove_orphans():
+        removed_orphans, skipped = sweep_orphans(force=args.force)
+        for name in removed_orphans:
             print(f"removed orphan {name}")
+        for name, why in skipped:
+            print(f"skipped {name}: {why}; its owner may be alive. Remove it with "
+                  f"`rm --orphans --force` or `rm {name}` once you know it is not.",
+                  file=sys.stderr)
     return status
 
 

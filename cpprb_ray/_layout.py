@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from cpprb_ray import _rules, _store
+from cpprb_ray import _memory, _rules, _store
 
 DATA_ALIGN = 4096      # rows start on a page
 LINE = 64              # the tree starts on a cache line; records never straddle one needlessly
@@ -95,6 +96,27 @@ def process_is_zombie(pid: int) -> bool:
     return fields is not None and bool(fields) and fields[0] in (b"Z", b"X")
 
 
+def pid_namespace() -> Optional[str]:
+    """This process's pid namespace, e.g. ``"pid:[4026531836]"`` (None where /proc lacks it).
+
+    A pid means something only inside its namespace: a container that shares /dev/shm with the
+    host (``--ipc=host``) or with another pod has its own pids and /proc.
+    """
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def boot_id() -> Optional[str]:
+    """The running kernel's boot id (shared by every container on the host; new every boot)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as source:
+            return source.read().strip()
+    except OSError:
+        return None
+
+
 class Layout:
     """Where everything of a buffer lives in its segment."""
 
@@ -109,6 +131,13 @@ class Layout:
         self.row_stride = row_stride
         self.tree_offset = tree_offset
         self.total_size = total_size
+
+    @property
+    def token(self) -> Optional[str]:
+        """The random identity the creating process put in the segment (None in segments made
+        before tokens existed). Two segments with the same name have different tokens."""
+        token = self.meta.get("token")
+        return token if isinstance(token, str) else None
 
     def to_json(self) -> bytes:
         return json.dumps({"columns": [c.to_json() for c in self.columns],
@@ -129,9 +158,12 @@ def record_stride(record_bytes: int) -> int:
 
 def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str) -> Layout:
     """Lay out a new segment for `capacity` rows of `columns`."""
+    # token: this segment's identity (a name can be removed and made again by somebody else);
+    # owner_pidns and boot_id: where owner_pid means anything (see _orphans).
     meta = {"backend": backend, "owner_pid": os.getpid(), "owner_parent_pid": os.getppid(),
             "owner_start": process_start_time(os.getpid()), "host": socket.gethostname(),
-            "created": time.time()}
+            "created": time.time(), "token": secrets.token_hex(16),
+            "owner_pidns": pid_namespace(), "boot_id": boot_id()}
     # The JSON length fixes where data starts; offsets inside the JSON do not change its length
     # enough to matter because we reserve generously and re-check below.
     # Fields in env_dict order, each aligned to its item size (at most 8) after the generation.
@@ -213,3 +245,53 @@ def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
     layout = Layout(capacity, bool(header["prioritized"]), columns, meta, header["data_offset"],
                     stride, header["tree_offset"], total)
     return header, layout
+
+
+def read_prefix(fd: int) -> bytearray:
+    """The header and layout JSON of the segment open at `fd`, read without mapping it.
+
+    ValueError when it does not start with a cpprb_ray header.
+    """
+    head = os.pread(fd, _store.HEADER_NBYTES, 0)
+    if len(head) < _store.HEADER_NBYTES or head[:8] != _store.MAGIC:
+        raise ValueError("not a cpprb_ray buffer")
+    header = _store.read_header(bytearray(head))
+    # The JSON can be long (one entry per column); read exactly up to its end.
+    wanted = min(int(header["layout_offset"]) + int(header["layout_length"]),
+                 os.fstat(fd).st_size)
+    return bytearray(os.pread(fd, max(wanted, _store.LAYOUT_OFFSET), 0))
+
+
+def token_at(backend: str, location: str) -> Optional[str]:
+    """The identity token of the segment now at `location`, or None when there is none there,
+    it is not a readable cpprb_ray buffer, or it belongs to another user.
+
+    What an owner checks before unlinking a name, and how another process can tell whether the
+    segment it sees is the one a handle describes.
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer
+    >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+    ...     print(token_at(rb.backend, rb.name) == rb._layout.token)
+    True
+    >>> print(token_at(rb.backend, rb.name))  # closed by its owner: the name is gone
+    None
+    """
+    try:
+        fd = _memory.open_existing(backend, location)
+    except (OSError, ValueError):
+        return None
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            return None
+        data = read_prefix(fd)
+        header = _store.read_header(data)
+        start = int(header["layout_offset"])
+        document = json.loads(bytes(data[start:start + int(header["layout_length"])]).decode())
+        token = document["meta"]["token"]
+        return token if isinstance(token, str) else None
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)

@@ -13,13 +13,19 @@
     disk-backed buffer larger than RAM. This is the backend of CPython 3.7, which has no
     ``_posixshmem``.
 
-Both create their object with mode 0600 and ``O_EXCL``, so a name is never silently reused.
+Both create their object with mode 0600 and ``O_EXCL``, so a name is never silently reused, and
+reserve every byte of it at creation (``posix_fallocate``): a tmpfs (Docker's 64 MiB /dev/shm) or
+a disk that is too small fails right there with ENOSPC, instead of the sparse file that
+``ftruncate`` alone makes, whose first write past the free space kills the writer with SIGBUS
+(mid-add, holding the lock). Both attach only to an object that this user owns.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import pwd
 import secrets
 import tempfile
 from typing import Optional, Tuple, Union
@@ -113,14 +119,103 @@ def create(backend: str, size: int, name: Optional[str] = None,
         fd = os.open(location, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         unlink_on_error = lambda: os.unlink(location)  # noqa: E731
     try:
-        os.ftruncate(fd, size)
+        _reserve(fd, size)
         memory = _map(fd, size)
-    except BaseException:
+    except BaseException as error:
         unlink_on_error()
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            # Free space is measured after the half-made object is gone, so it is what the user
+            # actually has.
+            raise no_space(size, file_of(backend, location)) from None
         raise
     finally:
         os.close(fd)
     return Segment(backend, location, size, memory)
+
+
+# fallocate(2) is missing on some filesystems (older NFS, some FUSE mounts) or on a platform.
+_NOT_SUPPORTED = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+_ZEROS = bytes(1 << 20)
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Give the file `size` bytes of real storage now; OSError(ENOSPC) when there is none."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None:
+        try:
+            fallocate(fd, 0, size)
+            return
+        except OSError as error:
+            if error.errno not in _NOT_SUPPORTED:
+                raise
+    reserve_by_writing(fd, size)
+
+
+def reserve_by_writing(fd: int, size: int) -> None:
+    """The fallback of :func:`_reserve`: check the free space, then write zeros over the file.
+
+    Writing is what makes a filesystem without fallocate allocate; the free-space check first
+    makes a hopeless request fail at once instead of after writing gigabytes.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryFile() as handle:
+    ...     reserve_by_writing(handle.fileno(), 3 * 2**20 + 5)
+    ...     print(os.fstat(handle.fileno()).st_size)
+    3145733
+    """
+    stats = os.fstatvfs(fd)
+    if stats.f_bavail * stats.f_frsize < size:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    os.ftruncate(fd, size)
+    offset = 0
+    while offset < size:
+        chunk = min(len(_ZEROS), size - offset)
+        offset += os.pwrite(fd, _ZEROS[:chunk] if chunk < len(_ZEROS) else _ZEROS, offset)
+
+
+def mount_of(path: str) -> str:
+    """The mount point that holds `path` (or would hold it, for a path that does not exist).
+
+    Examples
+    --------
+    >>> mount_of("/")
+    '/'
+    """
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
+
+
+def no_space(size: int, file: str) -> OSError:
+    """The error for a segment that does not fit: the size asked, the space free, the mount,
+    and what to do about it.
+
+    Examples
+    --------
+    >>> error = no_space(2**30, "/dev/shm/cpprb_ray_example")
+    >>> error.errno == errno.ENOSPC, "1024.0 MiB" in str(error), "/dev/shm" in str(error)
+    (True, True, True)
+    """
+    mount = mount_of(os.path.dirname(file) or ".")
+    try:
+        stats = os.statvfs(mount)
+        free = _mib(stats.f_bavail * stats.f_frsize)
+    except OSError:
+        free = "an unknown amount"
+    return OSError(errno.ENOSPC,
+                   f"no space for a {_mib(size)} buffer ({size} bytes) at {file}: {mount} has "
+                   f"{free} free. Make {mount} larger (Docker: --shm-size; Kubernetes: an "
+                   f"emptyDir with medium: Memory and a sizeLimit), make the buffer smaller, or "
+                   f"put it on a filesystem with room: backend='mmap', path=...")
 
 
 def locate(name_or_path: Union[str, os.PathLike[str]]) -> Tuple[str, str]:
@@ -138,18 +233,53 @@ def locate(name_or_path: Union[str, os.PathLike[str]]) -> Tuple[str, str]:
 
 def attach(backend: str, location: str) -> Segment:
     """Map an existing segment read-write. FileNotFoundError if it does not exist."""
-    if backend == "shm":
-        fd = _posixshmem.shm_open("/" + location, os.O_RDWR, mode=0o600)
-    else:
-        fd = os.open(location, os.O_RDWR)
+    fd = open_existing(backend, location, os.O_RDWR)
     try:
-        size = os.fstat(fd).st_size
+        status = os.fstat(fd)
+        check_owner(status.st_uid, location)
+        size = status.st_size
         if size == 0:
             raise ValueError(f"{location!r} is empty: not a cpprb_ray buffer")
         memory = _map(fd, size)
     finally:
         os.close(fd)
     return Segment(backend, location, size, memory)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_owner(uid: int, location: str) -> None:
+    """PermissionError unless the object at `location` belongs to this (effective) user.
+
+    Whatever its mode says: a segment of the same name made by somebody else -- after ours was
+    removed, or before we looked -- would otherwise receive our rows, or feed us its own.
+
+    Examples
+    --------
+    >>> check_owner(os.geteuid(), "mine")  # fine
+    >>> check_owner(os.geteuid() + 1, "theirs")
+    Traceback (most recent call last):
+    ...
+    PermissionError: [Errno 1] 'theirs' belongs to ...
+    """
+    if uid != os.geteuid():
+        raise PermissionError(errno.EPERM,
+                              f"{location!r} belongs to {_user_name(uid)}, not to this user "
+                              f"({_user_name(os.geteuid())}); refusing another user's segment")
+
+
+def open_existing(backend: str, location: str, flags: int = os.O_RDONLY) -> int:
+    """A file descriptor on an existing segment (FileNotFoundError if there is none)."""
+    if backend == "shm":
+        if _posixshmem is None:
+            return os.open(file_of(backend, location), flags)
+        return _posixshmem.shm_open("/" + location, flags, mode=0o600)
+    return os.open(location, flags)
 
 
 def unlink(backend: str, location: str) -> bool:

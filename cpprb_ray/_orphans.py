@@ -4,14 +4,24 @@ An owner that is killed cannot unlink its segment; the segment (and every view m
 on working, and its name stays in /dev/shm until somebody removes it. Each segment records its
 owner's pid and the start time of that process, so a pid reused by an unrelated process does not
 count as the owner being alive.
+
+A pid means something only in its pid namespace, and /dev/shm is often shared across them
+(Docker ``--ipc=host``, pods sharing a memory volume): from here, a live owner in another
+container looks like a missing pid, or like an unrelated process of ours with the same number.
+So each segment also records its owner's pid namespace and the kernel's boot id; when either
+differs from ours, the owner's state is "unknown", and ``remove_orphans`` leaves the buffer alone
+unless forced.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List
+import stat
+from typing import Any, Dict, List, Tuple
 
 from cpprb_ray import _layout, _memory, _store
+
+ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
 
 def _candidate_files() -> List[str]:
@@ -26,7 +36,7 @@ def _candidate_files() -> List[str]:
             for entry in entries:
                 try:
                     if (entry.is_file(follow_symlinks=False)
-                            and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+                            and entry.stat(follow_symlinks=False).st_uid == os.geteuid()
                             and entry.stat(follow_symlinks=False).st_size >= _store.HEADER_NBYTES):
                         files.append(entry.path)
                 except OSError:
@@ -34,7 +44,8 @@ def _candidate_files() -> List[str]:
     return files
 
 
-def _owner_alive(meta: Dict[str, Any]) -> bool:
+def _pid_alive(meta: Dict[str, Any]) -> bool:
+    """Whether owner_pid, read in THIS pid namespace, is the recorded owner process."""
     pid = int(meta.get("owner_pid", 0))
     if pid <= 0:
         return False
@@ -50,17 +61,38 @@ def _owner_alive(meta: Dict[str, Any]) -> bool:
     return started is None or _layout.process_start_time(pid) == started
 
 
+def owner_status(meta: Dict[str, Any]) -> Tuple[str, str]:
+    """(status, why) of a segment's owner: "alive", "dead", or "unknown" with the reason.
+
+    Segments made before the namespace was recorded are judged by their pid alone.
+
+    Examples
+    --------
+    >>> import os
+    >>> from cpprb_ray import _layout
+    >>> here = {"owner_pid": os.getpid(), "owner_pidns": _layout.pid_namespace(),
+    ...         "boot_id": _layout.boot_id()}
+    >>> owner_status(here)[0]
+    'alive'
+    >>> status, why = owner_status(dict(here, owner_pidns="pid:[1]"))
+    >>> status, why.endswith("runs in another pid namespace (pid:[1]), e.g. another container")
+    ('unknown', True)
+    """
+    recorded_boot = meta.get("boot_id")
+    if recorded_boot is not None and recorded_boot != _layout.boot_id():
+        return UNKNOWN, (f"its owner (pid {meta.get('owner_pid')}) ran under another kernel "
+                         f"boot (another host sharing this directory, or before a reboot)")
+    recorded_pidns = meta.get("owner_pidns")
+    if recorded_pidns is not None and recorded_pidns != _layout.pid_namespace():
+        return UNKNOWN, (f"its owner (pid {meta.get('owner_pid')}) runs in another pid "
+                         f"namespace ({recorded_pidns}), e.g. another container")
+    return (ALIVE, "") if _pid_alive(meta) else (DEAD, "")
+
+
 def _describe(path: str) -> Dict[str, Any]:
     with open(path, "rb") as handle:
-        head = handle.read(_store.HEADER_NBYTES)
-        if len(head) < _store.HEADER_NBYTES or head[:8] != _store.MAGIC:
-            raise ValueError("not a cpprb_ray buffer")
-        header = _store.read_header(bytearray(head))
-        # Header and layout JSON come first; read exactly that much (the JSON can be long).
-        wanted = min(int(header["layout_offset"]) + int(header["layout_length"]),
-                     os.fstat(handle.fileno()).st_size)
-        handle.seek(0)
-        data = bytearray(handle.read(max(wanted, _store.LAYOUT_OFFSET)))
+        data = _layout.read_prefix(handle.fileno())
+    header = _store.read_header(data)
     size = os.path.getsize(path)
     try:
         # Beyond the layout, the segment is only checked arithmetically.
@@ -68,25 +100,29 @@ def _describe(path: str) -> Dict[str, Any]:
     except ValueError as error:
         # Our magic but unreadable: damaged, or made by an incompatible version. Still list it
         # (with what the fixed header says) so that it can be removed.
+        status, why = owner_status({"owner_pid": header["owner_pid"]})
         return {"name": os.path.basename(path) if path.startswith(_memory.SHM_DIR + "/") else path,
                 "backend": "?", "size": size, "capacity": header["capacity"],
                 "stored": header["stored_size"], "prioritized": bool(header["prioritized"]),
-                "owner_pid": int(header["owner_pid"]),
-                "owner_alive": _owner_alive({"owner_pid": header["owner_pid"]}), "path": path,
+                "owner_pid": int(header["owner_pid"]), "owner_status": status,
+                "owner_alive": status == ALIVE, "owner_why": why, "path": path,
                 "valid": False, "problem": str(error)}
     backend = layout.meta.get("backend", "mmap")
     name = os.path.basename(path) if backend == "shm" else path
+    status, why = owner_status(layout.meta)
     return {"name": name, "backend": backend, "size": size, "capacity": layout.capacity,
             "stored": header["stored_size"], "prioritized": layout.prioritized,
-            "owner_pid": int(layout.meta.get("owner_pid", 0)),
-            "owner_alive": _owner_alive(layout.meta), "path": path, "valid": True,
+            "owner_pid": int(layout.meta.get("owner_pid", 0)), "owner_status": status,
+            "owner_alive": status == ALIVE, "owner_why": why, "path": path, "valid": True,
             "problem": ""}
 
 
 def list_buffers() -> List[Dict[str, Any]]:
     """This user's cpprb_ray buffers on this host, as dicts.
 
-    Keys: name, backend, size (bytes), capacity, stored, prioritized, owner_pid, owner_alive,
+    Keys: name, backend, size (bytes), capacity, stored, prioritized, owner_pid, owner_status
+    ("alive", "dead", or "unknown" when the owner runs in another pid namespace or kernel boot,
+    see :func:`owner_status`), owner_why (why it is unknown), owner_alive (status == "alive"),
     path, valid and problem (a buffer with our magic that cannot be attached -- damaged, or made
     by an incompatible version -- is listed with valid False, backend "?", so it can be removed).
 
@@ -109,6 +145,9 @@ def list_buffers() -> List[Dict[str, Any]]:
 def remove_buffer(name_or_path: str) -> bool:
     """Unlink a buffer by name (shm) or path (mmap); True if it existed. Views keep working.
 
+    Refuses, with ValueError, anything that is not a cpprb_ray buffer (a directory included),
+    and with PermissionError a buffer of another user.
+
     Examples
     --------
     >>> from cpprb_ray import ReplayBuffer, remove_buffer
@@ -124,14 +163,62 @@ def remove_buffer(name_or_path: str) -> bool:
     """
     backend, location = _memory.locate(name_or_path)
     path = _memory.file_of(backend, location)
-    if not os.path.exists(path):
+    try:
+        status = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
         return False
-    _describe(path)  # refuse to remove anything that is not a cpprb_ray buffer
+    if not stat.S_ISREG(status.st_mode):
+        kind = "a directory" if stat.S_ISDIR(status.st_mode) else "not a regular file"
+        raise ValueError(f"{path!r} is {kind}, not a cpprb_ray buffer")
+    _memory.check_owner(status.st_uid, path)
+    try:
+        _describe(path)  # refuse to remove anything that is not a cpprb_ray buffer
+    except OSError as error:
+        raise ValueError(f"{path!r} cannot be read ({error.strerror})") from None
     return _memory.unlink(backend, location)
 
 
-def remove_orphans() -> List[str]:
+def _unlink_entry(entry: Dict[str, Any]) -> bool:
+    if entry["backend"] == "shm":
+        return _memory.unlink("shm", entry["name"])
+    # mmap files, and unreadable segments (a POSIX shm object is a file too)
+    return _memory.unlink("mmap", entry["path"])
+
+
+def sweep_orphans(force: bool = False) -> Tuple[List[str], List[Tuple[str, str]]]:
+    """Unlink the buffers whose owner is gone; returns (removed names, [(name, why) skipped]).
+
+    Buffers whose owner's state cannot be known from here ("unknown") are skipped, with the
+    reason, unless `force`; buffers whose owner is alive are never touched.
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer
+    >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+    ...     removed, skipped = sweep_orphans()
+    ...     print(rb.name in removed, rb.name in dict(skipped))
+    False False
+    """
+    if not isinstance(force, bool):
+        raise TypeError(f"force must be a bool; got {type(force).__name__}")
+    removed: List[str] = []
+    skipped: List[Tuple[str, str]] = []
+    for entry in list_buffers():
+        if entry["owner_status"] == ALIVE:
+            continue
+        if entry["owner_status"] == UNKNOWN and not force:
+            skipped.append((entry["name"], entry["owner_why"]))
+            continue
+        if _unlink_entry(entry):
+            removed.append(entry["name"])
+    return removed, skipped
+
+
+def remove_orphans(force: bool = False) -> List[str]:
     """Unlink every buffer whose owner process is gone; returns their names.
+
+    An owner in another pid namespace or kernel boot (a container sharing /dev/shm) cannot be
+    seen from here: such buffers are kept unless `force` (see :func:`sweep_orphans`).
 
     Examples
     --------
@@ -141,14 +228,4 @@ def remove_orphans() -> List[str]:
     ...     print(isinstance(removed, list), rb.name in removed)  # a live owner's buffer stays
     True False
     """
-    removed = []
-    for entry in list_buffers():
-        if not entry["owner_alive"]:
-            backend = entry["backend"]
-            if backend == "shm":
-                gone = _memory.unlink("shm", entry["name"])
-            else:  # mmap files, and unreadable segments (a POSIX shm object is a file too)
-                gone = _memory.unlink("mmap", entry["path"])
-            if gone:
-                removed.append(entry["name"])
-    return removed
+    return sweep_orphans(force)[0]

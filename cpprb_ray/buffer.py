@@ -16,21 +16,13 @@ from typing import Any, Dict, Mapping, Optional, Type, Union
 import numpy as np
 
 from cpprb_ray import _layout, _memory, _rules, _store
+from cpprb_ray._ownership import Ownership
 
 __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 _FLOAT_MAX = float(np.finfo(np.float64).max)
-
-
-def _cleanup(segment: _memory.Segment, owner_pid: int) -> None:
-    """Finalizer of an owner handle that was never closed: free the segment's name.
-
-    A forked child inherits the owner's handle and finalizer; only the creating process frees.
-    """
-    if os.getpid() == owner_pid:
-        _memory.unlink(segment.backend, segment.location)
 
 
 _as_count = _rules.as_count
@@ -62,6 +54,17 @@ class ReplayBuffer:
         was killed hands the lock on at once; one that is stopped (SIGSTOP, ``docker pause``,
         a debugger) or a corrupt lock word would otherwise block every process. Ctrl-C
         interrupts a wait.
+
+    Raises
+    ------
+    OSError
+        ENOSPC when the filesystem (/dev/shm, or that of `path`) has no room for the whole
+        segment, which is reserved here rather than faulting (SIGBUS) at a later write.
+
+    Notes
+    -----
+    This process owns the segment and frees it on close, exit, or SIGTERM (see
+    :func:`cpprb_ray.install_sigterm_handler`); views in other processes never free it.
 
     Examples
     --------
@@ -112,6 +115,9 @@ class ReplayBuffer:
             if store is not None:
                 store.release()
             segment.close()
+            ownership = getattr(self, "_ownership", None)
+            if ownership is not None:
+                ownership.free()
             _memory.unlink(segment.backend, segment.location)
             raise
 
@@ -128,8 +134,11 @@ class ReplayBuffer:
         self._close_lock = threading.Lock()
         if not owner:
             self._check_lock_holder(segment.location)
-        self._finalizer = (weakref.finalize(self, _cleanup, segment, self._owner_pid)
-                           if owner else None)
+        # Frees only in this process, and only the segment with this layout's token (see
+        # _ownership for every way out of a process that frees it).
+        ownership = Ownership(segment.backend, segment.location, layout.token) if owner else None
+        self._ownership = ownership
+        self._finalizer = weakref.finalize(self, ownership.free) if ownership is not None else None
 
     def _check_lock_holder(self, location: str) -> None:
         """Refuse a segment whose lock names a thread that does not exist (corrupt or foreign):
@@ -407,7 +416,9 @@ class ReplayBuffer:
     def close(self) -> None:
         """Unmap this handle; the owner also frees the memory (views elsewhere keep working).
 
-        Idempotent. A view's close never frees the memory.
+        Idempotent. A view's close never frees the memory, and neither does the owner's when
+        the name now holds another buffer (the segment's token differs: ours was removed and
+        somebody made a new one under the name).
 
         Examples
         --------
@@ -429,10 +440,10 @@ class ReplayBuffer:
             self._store.release()
             self._segment.close()
             if self._finalizer is not None:
-                # Detach so a closed owner is not freed twice; free now in the owner only.
                 self._finalizer.detach()
-                if os.getpid() == self._owner_pid:
-                    _memory.unlink(self._segment.backend, self._segment.location)
+            if self._ownership is not None:
+                # Frees in the creating process only, and only our own segment.
+                self._ownership.free()
 
     def __enter__(self):
         return self
