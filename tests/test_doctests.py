@@ -13,7 +13,8 @@ import inspect
 
 import pytest
 
-MODULES = ["cpprb_ray", "cpprb_ray.buffer", "cpprb_ray._orphans", "benchmarks._common"]
+MODULES = ["cpprb_ray", "cpprb_ray.buffer", "cpprb_ray.nstep", "cpprb_ray._orphans",
+           "benchmarks._common"]
 EXTENSION_MODULES = ["cpprb_ray._segtree", "cpprb_ray._sync", "cpprb_ray._store"]
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
