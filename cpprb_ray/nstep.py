@@ -41,6 +41,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -58,6 +59,18 @@ META_KEY = "nstep"        # where the config lives in the layout JSON's "meta"
 
 _FLOAT32 = np.dtype(np.float32)
 _FLOAT64 = np.dtype(np.float64)
+
+# Bumped in every forked child: a staging made before the fork sees it changed and forgets the
+# steps it inherited (cheaper than comparing os.getpid(), a system call, on every add).
+_FORKS = [0]
+
+
+def _count_fork() -> None:
+    _FORKS[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_count_fork)
 
 def _keys(spec: Mapping[str, Any], field: str) -> Tuple[str, ...]:
     value = spec[field]
@@ -362,24 +375,66 @@ class NstepStaging:
         self._done_index = self._names.index(DONE)
         self._rew = [name for name in self._names if name in config.rew]
         self._next = [name for name in self._names if name in config.next]
+        # Taken from a row's own step: everything but the n-step columns.
+        self._plain = [name for name in self._names
+                       if name not in config.rew and name not in config.next and name != DONE]
         self._prioritized = prioritized
         size = config.size
         self._size = size
         # g**k for k = 0..n, computed once; a row's rewards weigh g**k and its discount is g**m.
         self._powers = np.power(config.gamma, np.arange(size + 1, dtype=_FLOAT64))
-        self._offsets = np.arange(size, dtype=np.int64)
+        self._weights = self._powers[:size].tolist()
         self._full_discount = np.full((1, 1), self._powers[size], dtype=_FLOAT32)
+        self._reward_scratch = {c.name: np.empty((1, 1), dtype=c.dtype)
+                                for c in self._user_columns if c.name in config.rew}
+        # The single-step path sums one-number reward columns in Python floats, the same
+        # float64 operations in the same order as _discounted_sums, so both give equal rows.
+        self._scalar_rewards = all(c.shape == (1,) for c in self._user_columns
+                                   if c.name in config.rew)
+        self._castable: Dict[Tuple[str, np.dtype], bool] = {}
         self._lock = threading.Lock()
-        self._allocate(max(4 * size, 16))
+        # Room for single steps: compaction (moving the < n staged steps to the front) comes
+        # once every `base - n` steps. A large batch grows it; the next commit shrinks it back.
+        self._base_capacity = max(4 * size, 64)
+        self._allocate(self._base_capacity)
 
     def _allocate(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._storage = {c.name: np.empty((capacity,) + c.shape, dtype=c.dtype)
-                         for c in self._user_columns}
-        self._priorities = np.full(capacity, np.nan, dtype=_FLOAT64)
+        self._set_storage(capacity, self._new_storage(capacity),
+                          np.full(capacity, np.nan, dtype=_FLOAT64))
         self._head = 0    # first staged step
         self._tail = 0    # one past the last staged step
-        self._pid = os.getpid()
+        self._fork_epoch = _FORKS[0]
+
+    def _new_storage(self, capacity: int) -> Dict[str, np.ndarray]:
+        return {c.name: np.empty((capacity,) + c.shape, dtype=c.dtype) for c in self._user_columns}
+
+    def _set_storage(self, capacity: int, storage: Dict[str, np.ndarray],
+                     priorities: np.ndarray) -> None:
+        self._capacity = capacity
+        self._storage = storage
+        self._priorities = priorities   # NaN: the step came without one
+        # 1-D views of the one-number columns, for the single-step path's item reads and writes
+        self._scalars = {name: array[:, 0] for name, array in storage.items()
+                         if array.shape[1:] == (1,)}
+        # What _stage_one writes each column through: (name, 1-D view of a one-number column
+        # or None, the column's storage, row shape, whether a Python float / int may go in).
+        self._writers = []
+        for column in self._user_columns:
+            kind = column.dtype.kind
+            self._writers.append((column.name, self._scalars.get(column.name),
+                                  storage[column.name], column.shape, kind == "f",
+                                  kind == "f" or (kind == "i" and column.dtype.itemsize == 8)))
+        # Row views by position for the single-step commit (slicing costs more than a lookup);
+        # only at the base capacity, which is where single steps run.
+        self._row_views: Optional[Dict[str, List[np.ndarray]]] = None
+        self._reward_windows: Optional[Dict[str, List[np.ndarray]]] = None
+        if capacity == self._base_capacity:
+            size = self._size
+            self._row_views = {name: [array[k:k + 1] for k in range(capacity)]
+                               for name, array in storage.items()}
+            self._reward_windows = {name: [self._scalars[name][k:k + size]
+                                           for k in range(capacity - size + 1)]
+                                    for name in self._rew if name in self._scalars}
 
     @property
     def staged(self) -> int:
@@ -401,25 +456,24 @@ class NstepStaging:
     def _forget_inherited(self) -> None:
         # A forked child inherits a copy of the parent's staged steps; they belong to the
         # parent's stream, which commits them itself, so the child starts empty.
-        if self._pid != os.getpid():
-            self._allocate(self._capacity)
+        if self._fork_epoch != _FORKS[0]:
+            self._allocate(self._base_capacity)
 
     def _reserve(self, count: int) -> None:
         """Make room for `count` more steps after the staged ones (moving those to the front)."""
-        staged = self._tail - self._head
         if self._tail + count <= self._capacity:
             return
+        staged = self._tail - self._head
         if staged + count > self._capacity:
             capacity = max(2 * self._capacity, staged + count + self._size)
-            storage = {c.name: np.empty((capacity,) + c.shape, dtype=c.dtype)
-                       for c in self._user_columns}
+            storage = self._new_storage(capacity)
             priorities = np.full(capacity, np.nan, dtype=_FLOAT64)
         else:
             capacity, storage, priorities = self._capacity, self._storage, self._priorities
         for name, old in self._storage.items():
             storage[name][:staged] = old[self._head:self._tail]
         priorities[:staged] = self._priorities[self._head:self._tail]
-        self._capacity, self._storage, self._priorities = capacity, storage, priorities
+        self._set_storage(capacity, storage, priorities)
         self._head, self._tail = 0, staged
 
     def add(self, sink: Any, values: Mapping[str, Any], priorities: Any = None) -> Optional[int]:
@@ -440,30 +494,73 @@ class NstepStaging:
         """
         if sink.closed:
             raise ValueError("operation on a closed buffer")
-        arrays, count = cast_steps(self._user_columns, values)
-        if priorities is not None:
-            priorities = sink._step_priorities(priorities, count)
         with self._lock:
             self._forget_inherited()
+            self._reserve(1)
+            tail = self._tail
+            if self._stage_one(values, tail):
+                count = 1
+                if priorities is not None:
+                    self._priorities[tail] = sink._step_priorities(priorities, 1)[0]
+                else:
+                    self._priorities[tail] = np.nan
+                if not self._scalars[DONE][tail]:
+                    if tail + 1 - self._head < self._size:
+                        self._tail = tail + 1
+                        return None
+                    if self._scalar_rewards:
+                        first = self._commit_full_window(sink)
+                        self._tail = tail + 1
+                        return first
+                    return self._commit_ready(sink, np.empty(0, dtype=np.int64), tail + 1)
+                return self._commit_ready(sink, np.array([tail], dtype=np.int64), tail + 1)
+            arrays, count = cast_steps(self._user_columns, values)
+            if priorities is not None:
+                priorities = sink._step_priorities(priorities, count)
             self._reserve(count)
             tail = self._tail
             new_tail = tail + count
             for name, array in zip(self._names, arrays):
                 self._storage[name][tail:new_tail] = array
             self._priorities[tail:new_tail] = np.nan if priorities is None else priorities
-            dones = arrays[self._done_index].reshape(-1)
-            if count == 1:
-                if dones[0] == 0:
-                    if new_tail - self._head < self._size:
-                        self._tail = new_tail
-                        return None
-                    first = self._commit_full_window(sink)
-                    self._tail = new_tail
-                    return first
-                ends = np.array([tail], dtype=np.int64)
-            else:
-                ends = tail + np.flatnonzero(dones)
+            ends = tail + np.flatnonzero(arrays[self._done_index].reshape(-1))
             return self._commit_ready(sink, ends, new_tail)
+
+    def _stage_one(self, values: Mapping[str, Any], tail: int) -> bool:
+        """Write one step at `tail` when every value is a Python or numpy scalar (one-number
+        columns) or an array of the row's shape, of a dtype that same_kind casting allows; else
+        False, and the caller applies cast_steps (which raises what add must raise)."""
+        if len(values) != len(self._writers):
+            return False
+        castable = self._castable
+        try:
+            for name, scalars, storage, shape, float_ok, int_ok in self._writers:
+                value = values[name]
+                value_type = type(value)
+                if value_type is float or value_type is int or value_type is bool:
+                    # An int into a narrower int column follows numpy's cast in cast_steps.
+                    if scalars is None or not (float_ok or value_type is bool
+                                               or (int_ok and value_type is int)):
+                        return False
+                    scalars[tail] = value
+                    continue
+                if value_type is np.ndarray:
+                    if value.shape != shape and not (scalars is not None and value.shape == ()):
+                        return False
+                elif scalars is None or not isinstance(value, np.generic):
+                    return False
+                if value.dtype is not storage.dtype:
+                    key = (name, value.dtype)
+                    allowed = castable.get(key)
+                    if allowed is None:
+                        allowed = castable[key] = value.dtype.kind in "biuf" and bool(
+                            np.can_cast(value.dtype, storage.dtype, casting="same_kind"))
+                    if not allowed:
+                        return False
+                storage[tail] = value
+        except (KeyError, OverflowError, ValueError):
+            return False
+        return True
 
     def flush(self, sink: Any) -> Optional[int]:
         """End the episode: commit every staged step, bootstrapping from the last next state.
@@ -506,26 +603,40 @@ class NstepStaging:
         """
         with self._lock:
             self._head = self._tail = 0
-            self._pid = os.getpid()
+            self._fork_epoch = _FORKS[0]
 
     def _commit_full_window(self, sink: Any) -> int:
         """The common single-step case: the oldest staged step's window just filled (n steps,
-        no episode end), so every column is a slice and the reward a dot product."""
+        no episode end), so every column is one row and each reward a sum of n Python floats.
+        The arrays given to the commit are views and scratch, consumed before it returns (the
+        store copies them into the segment)."""
         head = self._head
         last = head + self._size - 1
+        views: Any = self._row_views
+        if views is None:   # not at the base capacity (cannot last: see _commit_ready)
+            views = {name: {head: array[head:head + 1], last: array[last:last + 1]}
+                     for name, array in self._storage.items()}
         rows = {}
-        for name in self._names:
-            rows[name] = self._storage[name][head:head + 1]
+        for name in self._plain:
+            rows[name] = views[name][head]
         for name in self._next:
-            rows[name] = self._storage[name][last:last + 1]
-        rows[DONE] = self._storage[DONE][last:last + 1]
-        weights = self._powers[:self._size]
+            rows[name] = views[name][last]
+        rows[DONE] = views[DONE][last]
+        windows = self._reward_windows
         for name in self._rew:
-            window = self._storage[name][head:last + 1]
-            total = np.tensordot(weights, window, axes=(0, 0))
-            rows[name] = total.astype(window.dtype).reshape((1,) + window.shape[1:])
+            rewards = (windows[name][head] if windows is not None
+                       else self._scalars[name][head:last + 1]).tolist()
+            total = 0.0
+            for weight, reward in zip(self._weights, rewards):
+                total += weight * reward
+            scratch = self._reward_scratch[name]
+            scratch[0, 0] = total
+            rows[name] = scratch
         rows[DISCOUNTS] = self._full_discount
-        first = sink._commit_rows(rows, self._priorities_of(sink, head, head + 1))
+        priorities = None
+        if self._prioritized and not math.isnan(self._priorities[head]):
+            priorities = self._priorities[head:head + 1]
+        first = sink._commit_rows(rows, priorities)
         self._head = head + 1
         return first
 
@@ -543,6 +654,21 @@ class NstepStaging:
         filled[missing] = sink.get_max_priority()
         return filled
 
+    def _discounted_sums(self, name: str, positions: np.ndarray, steps: np.ndarray,
+                         limit: int) -> np.ndarray:
+        """sum over k < steps of g**k * column[position + k], for every row, in float64 and in
+        the order of k (as the single-step path adds), cast to the column's dtype."""
+        column = self._storage[name]
+        trailing = (1,) * (column.ndim - 1)
+        total = np.zeros((positions.shape[0],) + column.shape[1:], dtype=_FLOAT64)
+        for k, weight in enumerate(self._weights):
+            inside = (steps > k).reshape((-1,) + trailing)
+            # Steps past a window's end (another episode, or not added yet) are selected away
+            # rather than weighted by 0, so that an inf there cannot leak in as a NaN.
+            rewards = column[np.minimum(positions + k, limit - 1)].astype(_FLOAT64)
+            total += np.where(inside, weight * rewards, 0.0)
+        return total.astype(column.dtype)
+
     def _commit_ready(self, sink: Any, ends: np.ndarray, new_tail: int) -> Optional[int]:
         """Commit every step whose window is complete: those up to the last episode end in
         `ends` (ascending positions of terminal or truncating steps) and those with n steps
@@ -553,6 +679,8 @@ class NstepStaging:
         ready = max(head, last_end + 1, new_tail - size + 1)
         if ready == head:
             self._tail = new_tail
+            if self._capacity > self._base_capacity:
+                self._shrink()
             return None
         positions = np.arange(head, ready, dtype=np.int64)
         # Each row's window runs to its episode's end or n steps, whichever comes first.
@@ -562,29 +690,32 @@ class NstepStaging:
         window_end[inside] = ends[episode[inside]]
         steps = np.minimum(size, window_end - positions + 1)
         last = positions + steps - 1
+        storage = self._storage
         rows = {}
-        for name in self._names:
-            rows[name] = self._storage[name][head:ready]
+        for name in self._plain:
+            rows[name] = storage[name][head:ready]
         for name in self._next:
-            rows[name] = self._storage[name][last]
-        rows[DONE] = self._storage[DONE][last]
-        if self._rew:
-            window = np.minimum(positions[:, None] + self._offsets, new_tail - 1)
-            in_window = self._offsets < steps[:, None]
-            for name in self._rew:
-                column = self._storage[name]
-                trailing = (1,) * (column.ndim - 1)
-                # Steps past a window's end (another episode, or beyond the staged ones) are
-                # selected away rather than weighted by 0, so that an inf there cannot leak in.
-                weighted = np.where(in_window.reshape(in_window.shape + trailing),
-                                    self._powers[:size].reshape((size,) + trailing)
-                                    * column[window], 0.0)
-                rows[name] = weighted.sum(axis=1).astype(column.dtype)
+            rows[name] = storage[name][last]
+        rows[DONE] = storage[DONE][last]
+        for name in self._rew:
+            rows[name] = self._discounted_sums(name, positions, steps, new_tail)
         rows[DISCOUNTS] = self._powers[steps].astype(_FLOAT32).reshape(-1, 1)
         first = sink._commit_rows(rows, self._priorities_of(sink, head, ready))
         self._head = ready
         self._tail = new_tail
         if ready == new_tail:
             self._head = self._tail = 0   # nothing staged: start again at the front
+        if self._capacity > self._base_capacity:
+            self._shrink()
         return first
 
+    def _shrink(self) -> None:
+        """Back to the base capacity after a large batch (at most n - 1 steps are staged)."""
+        staged = self._tail - self._head
+        storage = self._new_storage(self._base_capacity)
+        priorities = np.full(self._base_capacity, np.nan, dtype=_FLOAT64)
+        for name, old in self._storage.items():
+            storage[name][:staged] = old[self._head:self._tail]
+        priorities[:staged] = self._priorities[self._head:self._tail]
+        self._set_storage(self._base_capacity, storage, priorities)
+        self._head, self._tail = 0, staged

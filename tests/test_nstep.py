@@ -535,3 +535,82 @@ def test_cpprb_gets_the_ends_wrong_where_we_do_not():
     assert results["ours"]["next_obs"] == [3, 4, 5, 5, 5]
     assert results["cpprb"]["next_obs"][3:] != [5, 5]
 
+
+
+# -- the single-step path and the batch path agree ---------------------------------------------
+
+def test_single_steps_of_every_value_kind_give_the_batch_rows():
+    # Python scalars, numpy scalars of the column's and of other castable dtypes, 0-d and row
+    # arrays, lists: each single step takes the fast path or the general one, with equal rows.
+    env = {"obs": {"shape": 2, "dtype": np.float32}, "act": {"dtype": np.int32},
+           "flag": {"dtype": np.bool_}, "rew": {"dtype": np.float32},
+           "next_obs": {"shape": 2, "dtype": np.float32}, "done": {"dtype": np.float32}}
+    steps = [
+        dict(obs=np.array([0.0, 1.0], np.float32), act=1, flag=True, rew=1.0,
+             next_obs=np.array([1.0, 2.0], np.float64), done=0.0),
+        dict(obs=[1.0, 2.0], act=np.int32(2), flag=np.bool_(False), rew=np.float64(2.5),
+             next_obs=np.array([2.0, 3.0], np.float32), done=False),
+        dict(obs=np.array([2, 3], np.int64), act=np.int64(3), flag=False, rew=np.float32(-1),
+             next_obs=(3, 4), done=np.float32(0)),
+        dict(obs=np.array([3.0, 4.0], np.float32), act=4, flag=np.array(True), rew=3,
+             next_obs=np.array([4.0, 5.0], np.float32), done=1),
+        dict(obs=np.array([4.0, 5.0], np.float32), act=np.uint8(5), flag=True,
+             rew=np.array(0.5, np.float32), next_obs=np.array([5.0, 6.0], np.float32),
+             done=np.array([0.0], np.float32)),
+        dict(obs=np.array([5.0, 6.0], np.float32), act=6, flag=True, rew=True,
+             next_obs=np.array([6.0, 7.0], np.float32), done=0),
+    ]
+    spec = {"size": 3, "gamma": 0.9, "rew": "rew", "next": "next_obs"}
+    with ReplayBuffer(32, env, Nstep=spec) as single, ReplayBuffer(32, env, Nstep=spec) as batch:
+        for step in steps:
+            single.add(**step)
+        single.on_episode_end()
+        batch.add(**{key: np.stack([np.asarray(step[key], dtype=env[key]["dtype"]).reshape(-1)
+                                    for step in steps]) for key in env})
+        batch.on_episode_end()
+        single_rows, batch_rows = single.get_all_transitions(), batch.get_all_transitions()
+    for key in batch_rows:
+        np.testing.assert_array_equal(single_rows[key], batch_rows[key], err_msg=key)
+    np.testing.assert_allclose(batch_rows["rew"].ravel(),
+                               [1 + 0.9 * 2.5 + 0.81 * -1, 2.5 - 0.9 + 0.81 * 3, -1 + 0.9 * 3,
+                                3, 0.5 + 0.9, 1], rtol=1e-6)
+    np.testing.assert_array_equal(batch_rows["done"].ravel(), [0, 1, 1, 1, 0, 0])
+
+
+@pytest.mark.parametrize("bad,error,message", [
+    (dict(act=1.5), TypeError, "column 'act' has dtype int64; cannot cast float64"),
+    (dict(act=np.float32(1)), TypeError, "cannot cast float32"),
+    (dict(obs=np.zeros((2, 2))), ValueError, r"column 'obs' must have shape \(1,\)"),
+    (dict(next_obs=np.zeros(3)), ValueError, r"column 'next_obs' must have shape \(2,\)"),
+    (dict(act="1"), TypeError, "cannot cast <U1"),
+    (dict(done=None), TypeError, "cannot cast object"),
+])
+def test_single_steps_the_fast_path_declines_are_refused_as_add_refuses(bad, error, message):
+    step = dict(obs=0.0, act=1, rew=1.0, next_obs=np.zeros(2), done=0.0)
+    with ReplayBuffer(8, ENV, Nstep=nstep_spec(2, 0.5)) as rb:
+        rb.add(**step)
+        with pytest.raises(error, match=message):
+            rb.add(**dict(step, **bad))
+        assert rb._nstep.staged == 1 and rb.get_stored_size() == 0
+
+
+def test_a_batch_larger_than_the_staging_then_single_steps():
+    # 300 steps in one call grow the staging; the single steps after it run on a shrunk one.
+    episodes = ref.stream(0, [300, 40, 5], [False, True, False], seed=3)
+    splits = [[300], [1] * 40, [2, 1, 1, 1]]
+    with PrioritizedReplayBuffer(1024, ENV, Nstep=nstep_spec(4, 0.97)) as rb:
+        feed(rb, episodes[:1], splits[:1], [False])
+        assert rb._nstep._capacity == rb._nstep._base_capacity
+        long_open = ref.stream(1000, [300], [False], seed=5)[0]
+        steps = long_open.steps()
+        rb.add(**{k: v for k, v in steps.items()})      # stays open: 3 staged
+        assert rb._nstep.staged == 3
+        tail_steps = Episode(1300, [0.5] * 10, False).steps()
+        for t in range(10):
+            rb.add(**{k: v[t] for k, v in tail_steps.items()})
+        rb.on_episode_end()
+        feed(rb, episodes[1:], splits[1:], [False, False])
+        rows = rb.get_all_transitions()
+    continued = Episode(1000, list(long_open.rewards) + [0.5] * 10, False)
+    expected = ref.reference_rows([episodes[0], continued] + episodes[1:], 4, 0.97)
+    assert_rows_match(rows, expected)
