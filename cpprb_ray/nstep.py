@@ -63,6 +63,7 @@ _FLOAT64 = np.dtype(np.float64)
 # Bumped in every forked child: a staging made before the fork sees it changed and forgets the
 # steps it inherited (cheaper than comparing os.getpid(), a system call, on every add).
 _FORKS = [0]
+_LARGE = 4096   # staging capacity (steps) above which a commit shrinks it back to the base
 
 
 def _count_fork() -> None:
@@ -378,12 +379,17 @@ class NstepStaging:
         # Taken from a row's own step: everything but the n-step columns.
         self._plain = [name for name in self._names
                        if name not in config.rew and name not in config.next and name != DONE]
+        # Where the single-step commit takes each copied column from: the row's own step, or
+        # (next and done) the window's last one, n - 1 later.
+        self._row_sources = ([(name, 0) for name in self._plain]
+                             + [(name, config.size - 1) for name in self._next + [DONE]])
         self._prioritized = prioritized
         size = config.size
         self._size = size
         # g**k for k = 0..n, computed once; a row's rewards weigh g**k and its discount is g**m.
         self._powers = np.power(config.gamma, np.arange(size + 1, dtype=_FLOAT64))
         self._weights = self._powers[:size].tolist()
+        self._weights_row = self._powers[:size].reshape(1, size)
         self._full_discount = np.full((1, 1), self._powers[size], dtype=_FLOAT32)
         self._reward_scratch = {c.name: np.empty((1, 1), dtype=c.dtype)
                                 for c in self._user_columns if c.name in config.rew}
@@ -394,7 +400,8 @@ class NstepStaging:
         self._castable: Dict[Tuple[str, np.dtype], bool] = {}
         self._lock = threading.Lock()
         # Room for single steps: compaction (moving the < n staged steps to the front) comes
-        # once every `base - n` steps. A large batch grows it; the next commit shrinks it back.
+        # once every `base - n` steps. Batches grow it; past _LARGE steps the next commit
+        # shrinks it back, so that one huge batch does not keep a huge staging.
         self._base_capacity = max(4 * size, 64)
         self._allocate(self._base_capacity)
 
@@ -424,17 +431,10 @@ class NstepStaging:
             self._writers.append((column.name, self._scalars.get(column.name),
                                   storage[column.name], column.shape, kind == "f",
                                   kind == "f" or (kind == "i" and column.dtype.itemsize == 8)))
-        # Row views by position for the single-step commit (slicing costs more than a lookup);
-        # only at the base capacity, which is where single steps run.
-        self._row_views: Optional[Dict[str, List[np.ndarray]]] = None
-        self._reward_windows: Optional[Dict[str, List[np.ndarray]]] = None
-        if capacity == self._base_capacity:
-            size = self._size
-            self._row_views = {name: [array[k:k + 1] for k in range(capacity)]
-                               for name, array in storage.items()}
-            self._reward_windows = {name: [self._scalars[name][k:k + size]
-                                           for k in range(capacity - size + 1)]
-                                    for name in self._rew if name in self._scalars}
+        # Row views by position for the single-step commit (a lookup costs less than slicing),
+        # made on first use.
+        self._row_views: Dict[str, List[Optional[np.ndarray]]] = {
+            name: [None] * capacity for name in storage}
 
     @property
     def staged(self) -> int:
@@ -473,7 +473,8 @@ class NstepStaging:
         for name, old in self._storage.items():
             storage[name][:staged] = old[self._head:self._tail]
         priorities[:staged] = self._priorities[self._head:self._tail]
-        self._set_storage(capacity, storage, priorities)
+        if storage is not self._storage:   # compacting in place keeps every view valid
+            self._set_storage(capacity, storage, priorities)
         self._head, self._tail = 0, staged
 
     def add(self, sink: Any, values: Mapping[str, Any], priorities: Any = None) -> Optional[int]:
@@ -495,8 +496,10 @@ class NstepStaging:
         if sink.closed:
             raise ValueError("operation on a closed buffer")
         with self._lock:
-            self._forget_inherited()
-            self._reserve(1)
+            if self._fork_epoch != _FORKS[0]:
+                self._forget_inherited()
+            if self._tail == self._capacity:
+                self._reserve(1)
             tail = self._tail
             if self._stage_one(values, tail):
                 count = 1
@@ -612,22 +615,18 @@ class NstepStaging:
         store copies them into the segment)."""
         head = self._head
         last = head + self._size - 1
-        views: Any = self._row_views
-        if views is None:   # not at the base capacity (cannot last: see _commit_ready)
-            views = {name: {head: array[head:head + 1], last: array[last:last + 1]}
-                     for name, array in self._storage.items()}
         rows = {}
-        for name in self._plain:
-            rows[name] = views[name][head]
-        for name in self._next:
-            rows[name] = views[name][last]
-        rows[DONE] = views[DONE][last]
-        windows = self._reward_windows
+        views, storage = self._row_views, self._storage
+        for name, offset in self._row_sources:
+            position = head + offset
+            view = views[name][position]
+            if view is None:
+                view = views[name][position] = storage[name][position:position + 1]
+            rows[name] = view
         for name in self._rew:
-            rewards = (windows[name][head] if windows is not None
-                       else self._scalars[name][head:last + 1]).tolist()
             total = 0.0
-            for weight, reward in zip(self._weights, rewards):
+            for weight, reward in zip(self._weights,
+                                      self._scalars[name][head:last + 1].tolist()):
                 total += weight * reward
             scratch = self._reward_scratch[name]
             scratch[0, 0] = total
@@ -654,21 +653,6 @@ class NstepStaging:
         filled[missing] = sink.get_max_priority()
         return filled
 
-    def _discounted_sums(self, name: str, positions: np.ndarray, steps: np.ndarray,
-                         limit: int) -> np.ndarray:
-        """sum over k < steps of g**k * column[position + k], for every row, in float64 and in
-        the order of k (as the single-step path adds), cast to the column's dtype."""
-        column = self._storage[name]
-        trailing = (1,) * (column.ndim - 1)
-        total = np.zeros((positions.shape[0],) + column.shape[1:], dtype=_FLOAT64)
-        for k, weight in enumerate(self._weights):
-            inside = (steps > k).reshape((-1,) + trailing)
-            # Steps past a window's end (another episode, or not added yet) are selected away
-            # rather than weighted by 0, so that an inf there cannot leak in as a NaN.
-            rewards = column[np.minimum(positions + k, limit - 1)].astype(_FLOAT64)
-            total += np.where(inside, weight * rewards, 0.0)
-        return total.astype(column.dtype)
-
     def _commit_ready(self, sink: Any, ends: np.ndarray, new_tail: int) -> Optional[int]:
         """Commit every step whose window is complete: those up to the last episode end in
         `ends` (ascending positions of terminal or truncating steps) and those with n steps
@@ -679,35 +663,74 @@ class NstepStaging:
         ready = max(head, last_end + 1, new_tail - size + 1)
         if ready == head:
             self._tail = new_tail
-            if self._capacity > self._base_capacity:
+            if self._capacity > _LARGE:
                 self._shrink()
             return None
-        positions = np.arange(head, ready, dtype=np.int64)
-        # Each row's window runs to its episode's end or n steps, whichever comes first.
-        episode = np.searchsorted(ends, positions)
-        window_end = np.full(positions.shape[0], new_tail + size, dtype=np.int64)
-        inside = episode < ends.shape[0]
-        window_end[inside] = ends[episode[inside]]
-        steps = np.minimum(size, window_end - positions + 1)
-        last = positions + steps - 1
         storage = self._storage
         rows = {}
         for name in self._plain:
             rows[name] = storage[name][head:ready]
-        for name in self._next:
-            rows[name] = storage[name][last]
-        rows[DONE] = storage[DONE][last]
-        for name in self._rew:
-            rows[name] = self._discounted_sums(name, positions, steps, new_tail)
-        rows[DISCOUNTS] = self._powers[steps].astype(_FLOAT32).reshape(-1, 1)
+        if ends.shape[0]:
+            rows.update(self._windows_to_ends(ends, head, ready, new_tail))
+        else:
+            # No episode end among them: every window has n steps, and every column is a slice.
+            for name in self._next:
+                rows[name] = storage[name][head + size - 1:ready + size - 1]
+            rows[DONE] = storage[DONE][head + size - 1:ready + size - 1]
+            for name in self._rew:
+                total = np.zeros(storage[name][head:ready].shape, dtype=_FLOAT64)
+                for k, weight in enumerate(self._weights):
+                    total += weight * storage[name][head + k:ready + k].astype(_FLOAT64)
+                rows[name] = total.astype(storage[name].dtype)
+            rows[DISCOUNTS] = np.full((ready - head, 1), self._powers[size], dtype=_FLOAT32)
         first = sink._commit_rows(rows, self._priorities_of(sink, head, ready))
         self._head = ready
         self._tail = new_tail
         if ready == new_tail:
             self._head = self._tail = 0   # nothing staged: start again at the front
-        if self._capacity > self._base_capacity:
+        if self._capacity > _LARGE:
             self._shrink()
         return first
+
+    def _windows_to_ends(self, ends: np.ndarray, head: int, ready: int,
+                         new_tail: int) -> Dict[str, np.ndarray]:
+        """The n-step columns of rows head..ready-1 when episodes end among them: each row's
+        window runs to its episode's end or n steps, whichever comes first."""
+        size = self._size
+        storage = self._storage
+        positions = np.arange(head, ready, dtype=np.int64)
+        window_end = np.append(ends, new_tail + size)[np.searchsorted(ends, positions)]
+        steps = np.minimum(window_end - positions + 1, size)
+        last = positions + steps - 1
+        rows = {}
+        for name in self._next:
+            rows[name] = storage[name][last]
+        rows[DONE] = storage[DONE][last]
+        if self._rew:
+            offsets = np.arange(size, dtype=np.int64)
+            inside = offsets < steps[:, None]
+            # Steps past a window's end (another episode, or not added yet) are selected away
+            # rather than weighted by 0, so that an inf there cannot leak in as a NaN.
+            window = np.minimum(positions[:, None] + offsets, new_tail - 1)
+            for name in self._rew:
+                scalars = self._scalars.get(name)
+                if scalars is not None:   # (rows, n), not (rows, n, 1): fewer broadcasts
+                    weighted = np.where(inside, self._weights_row
+                                        * scalars[window].astype(_FLOAT64), 0.0)
+                    trailing: Tuple[int, ...] = (1,)
+                else:
+                    trailing = (1,) * (storage[name].ndim - 1)
+                    weighted = np.where(inside.reshape(inside.shape + trailing),
+                                        self._powers[:size].reshape((size,) + trailing)
+                                        * storage[name][window].astype(_FLOAT64), 0.0)
+                # k by k, in float64, as the single-step path adds: equal rows either way.
+                total = np.zeros(weighted.shape[:1] + weighted.shape[2:], dtype=_FLOAT64)
+                for k in range(size):
+                    total += weighted[:, k]
+                rows[name] = total.astype(storage[name].dtype).reshape(
+                    (-1,) + storage[name].shape[1:])
+        rows[DISCOUNTS] = self._powers[steps].astype(_FLOAT32).reshape(-1, 1)
+        return rows
 
     def _shrink(self) -> None:
         """Back to the base capacity after a large batch (at most n - 1 steps are staged)."""

@@ -595,22 +595,24 @@ def test_single_steps_the_fast_path_declines_are_refused_as_add_refuses(bad, err
 
 
 def test_a_batch_larger_than_the_staging_then_single_steps():
-    # 300 steps in one call grow the staging; the single steps after it run on a shrunk one.
-    episodes = ref.stream(0, [300, 40, 5], [False, True, False], seed=3)
-    splits = [[300], [1] * 40, [2, 1, 1, 1]]
-    with PrioritizedReplayBuffer(1024, ENV, Nstep=nstep_spec(4, 0.97)) as rb:
+    # 5000 steps in one call grow the staging past its limit; the next commit shrinks it, and
+    # the single steps after a batch of 300 run on a grown one.
+    episodes = ref.stream(0, [5000, 40, 5], [False, True, False], seed=3)
+    splits = [[5000], [1] * 40, [2, 1, 1, 1]]
+    with PrioritizedReplayBuffer(8192, ENV, Nstep=nstep_spec(4, 0.97)) as rb:
         feed(rb, episodes[:1], splits[:1], [False])
         assert rb._nstep._capacity == rb._nstep._base_capacity
-        long_open = ref.stream(1000, [300], [False], seed=5)[0]
+        long_open = ref.stream(10000, [300], [False], seed=5)[0]
         steps = long_open.steps()
         rb.add(**{k: v for k, v in steps.items()})      # stays open: 3 staged
         assert rb._nstep.staged == 3
-        tail_steps = Episode(1300, [0.5] * 10, False).steps()
+        assert rb._nstep._capacity > rb._nstep._base_capacity
+        tail_steps = Episode(10300, [0.5] * 10, False).steps()
         for t in range(10):
             rb.add(**{k: v[t] for k, v in tail_steps.items()})
         rb.on_episode_end()
         feed(rb, episodes[1:], splits[1:], [False, False])
         rows = rb.get_all_transitions()
-    continued = Episode(1000, list(long_open.rewards) + [0.5] * 10, False)
+    continued = Episode(10000, list(long_open.rewards) + [0.5] * 10, False)
     expected = ref.reference_rows([episodes[0], continued] + episodes[1:], 4, 0.97)
     assert_rows_match(rows, expected)
