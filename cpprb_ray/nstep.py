@@ -390,6 +390,8 @@ class NstepStaging:
         self._powers = np.power(config.gamma, np.arange(size + 1, dtype=_FLOAT64))
         self._weights = self._powers[:size].tolist()
         self._weights_row = self._powers[:size].reshape(1, size)
+        self._offsets = np.arange(size, dtype=np.int64)
+        self._discounts_by_span = self._powers[1:].astype(_FLOAT32)   # g**(span + 1)
         self._full_discount = np.full((1, 1), self._powers[size], dtype=_FLOAT32)
         self._reward_scratch = {c.name: np.empty((1, 1), dtype=c.dtype)
                                 for c in self._user_columns if c.name in config.rew}
@@ -699,37 +701,39 @@ class NstepStaging:
         size = self._size
         storage = self._storage
         positions = np.arange(head, ready, dtype=np.int64)
-        window_end = np.append(ends, new_tail + size)[np.searchsorted(ends, positions)]
-        steps = np.minimum(window_end - positions + 1, size)
-        last = positions + steps - 1
+        # span = steps - 1: to the episode's end (new_tail past the last one), at most n - 1.
+        span = np.append(ends, new_tail).take(ends.searchsorted(positions))
+        span -= positions
+        np.minimum(span, size - 1, out=span)
+        last = positions + span
         rows = {}
         for name in self._next:
-            rows[name] = storage[name][last]
-        rows[DONE] = storage[DONE][last]
+            rows[name] = storage[name].take(last, axis=0)
+        rows[DONE] = storage[DONE].take(last, axis=0)
         if self._rew:
-            offsets = np.arange(size, dtype=np.int64)
-            inside = offsets < steps[:, None]
-            # Steps past a window's end (another episode, or not added yet) are selected away
-            # rather than weighted by 0, so that an inf there cannot leak in as a NaN.
-            window = np.minimum(positions[:, None] + offsets, new_tail - 1)
+            outside = self._offsets > span[:, None]
+            window = positions[:, None] + self._offsets
+            np.minimum(window, new_tail - 1, out=window)
             for name in self._rew:
                 scalars = self._scalars.get(name)
                 if scalars is not None:   # (rows, n), not (rows, n, 1): fewer broadcasts
-                    weighted = np.where(inside, self._weights_row
-                                        * scalars[window].astype(_FLOAT64), 0.0)
-                    trailing: Tuple[int, ...] = (1,)
+                    weighted = scalars.take(window).astype(_FLOAT64)
+                    weighted *= self._weights_row
+                    # Steps past a window's end (another episode, or not added yet) are set to
+                    # 0 after weighting, not weighted by 0, so an inf there cannot leak in.
+                    weighted[outside] = 0.0
                 else:
-                    trailing = (1,) * (storage[name].ndim - 1)
-                    weighted = np.where(inside.reshape(inside.shape + trailing),
-                                        self._powers[:size].reshape((size,) + trailing)
-                                        * storage[name][window].astype(_FLOAT64), 0.0)
+                    weighted = storage[name].take(window, axis=0).astype(_FLOAT64)
+                    weighted *= self._powers[:size].reshape(
+                        (size,) + (1,) * (storage[name].ndim - 1))
+                    weighted[outside] = 0.0
                 # k by k, in float64, as the single-step path adds: equal rows either way.
                 total = np.zeros(weighted.shape[:1] + weighted.shape[2:], dtype=_FLOAT64)
                 for k in range(size):
                     total += weighted[:, k]
                 rows[name] = total.astype(storage[name].dtype).reshape(
                     (-1,) + storage[name].shape[1:])
-        rows[DISCOUNTS] = self._powers[steps].astype(_FLOAT32).reshape(-1, 1)
+        rows[DISCOUNTS] = self._discounts_by_span.take(span).reshape(-1, 1)
         return rows
 
     def _shrink(self) -> None:
