@@ -156,14 +156,17 @@ def record_stride(record_bytes: int) -> int:
     return _align(record_bytes, LINE)
 
 
-def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str) -> Layout:
-    """Lay out a new segment for `capacity` rows of `columns`."""
+def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
+         extra_meta: Optional[Mapping[str, Any]] = None) -> Layout:
+    """Lay out a new segment for `capacity` rows of `columns`; `extra_meta` (JSON-able) goes
+    into the layout's "meta" too (features record their config there, e.g. "nstep")."""
     # token: this segment's identity (a name can be removed and made again by somebody else);
     # owner_pidns and boot_id: where owner_pid means anything (see _orphans).
     meta = {"backend": backend, "owner_pid": os.getpid(), "owner_parent_pid": os.getppid(),
             "owner_start": process_start_time(os.getpid()), "host": socket.gethostname(),
             "created": time.time(), "token": secrets.token_hex(16),
             "owner_pidns": pid_namespace(), "boot_id": boot_id()}
+    meta.update(extra_meta or {})
     # The JSON length fixes where data starts; offsets inside the JSON do not change its length
     # enough to matter because we reserve generously and re-check below.
     # Fields in env_dict order, each aligned to its item size (at most 8) after the generation.

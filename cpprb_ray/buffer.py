@@ -15,7 +15,7 @@ from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
-from cpprb_ray import _layout, _memory, _rules, _store
+from cpprb_ray import _layout, _memory, _rules, _store, nstep
 from cpprb_ray._ownership import Ownership
 
 __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
@@ -55,6 +55,11 @@ class ReplayBuffer:
         a debugger) or a corrupt lock word would otherwise block every process. Ctrl-C
         interrupts a wait.
 
+    Nstep : dict, optional
+        ``{"size": n, "gamma": g, "rew": key(s), "next": key(s)}``: store n-step transitions
+        (needs a "done" column; samples gain "discounts", g**m per row). Each handle stages its
+        own stream's last steps; see :mod:`cpprb_ray.nstep` and docs/nstep.md.
+
     Raises
     ------
     OSError
@@ -81,25 +86,28 @@ class ReplayBuffer:
 
     def __init__(self, size: int, env_dict: Mapping[str, Any], *, backend: str = "auto",
                  name: Optional[str] = None, path: Optional[PathLike] = None,
-                 seed: Optional[int] = None, lock_timeout: float = 60.0) -> None:
+                 seed: Optional[int] = None, lock_timeout: float = 60.0,
+                 Nstep: Optional[Mapping[str, Any]] = None) -> None:
         self._create(size, env_dict, backend, name, path, seed, alpha=0.0, eps=0.0,
-                     lock_timeout=lock_timeout)
+                     lock_timeout=lock_timeout, Nstep=Nstep)
 
     # -- construction helpers ---------------------------------------------------------------------
 
     def _create(self, size: Any, env_dict: Mapping[str, Any], backend: str, name: Optional[str],
                 path: Optional[PathLike], seed: Optional[int], *, alpha: float,
-                eps: float, lock_timeout: float) -> None:
+                eps: float, lock_timeout: float,
+                Nstep: Optional[Mapping[str, Any]] = None) -> None:
         capacity = _as_count(size, "size")
         if capacity <= 0:
             raise ValueError(f"size must be > 0; got {capacity}")
-        columns = _layout.parse_env_dict(env_dict)
+        columns, nstep_config = nstep.plan_columns(_layout.parse_env_dict(env_dict), Nstep)
         backend = _memory.resolve_backend(backend)
         if path is not None and backend != "mmap":
             raise ValueError("path= needs backend='mmap'")
         if seed is not None and _as_count(seed, "seed") < 0:
             raise ValueError(f"seed must be >= 0; got {seed}")
-        layout = _layout.plan(capacity, columns, self._prioritized, backend)
+        layout = _layout.plan(capacity, columns, self._prioritized, backend,
+                              extra_meta=nstep.meta_of(nstep_config))
         segment = _memory.create(backend, layout.total_size, name=name,
                                  path=None if path is None else os.fspath(path))
         try:
@@ -123,6 +131,12 @@ class ReplayBuffer:
 
     def _bind(self, segment: _memory.Segment, layout: _layout.Layout, *, owner: bool,
               seed: Optional[int], lock_timeout: float = 60.0) -> None:
+        # First, before anything that must be released: a broken N-step record refuses the
+        # segment. The staging is this handle's own and starts empty.
+        nstep_config = nstep.NstepConfig.from_meta(layout.meta, layout.columns,
+                                                   segment.location)
+        self._nstep = (None if nstep_config is None else
+                       nstep.NstepStaging(nstep_config, layout.columns, self._prioritized))
         self._segment = segment
         self._layout = layout
         self._columns = layout.columns
@@ -250,7 +264,27 @@ class ReplayBuffer:
         ...     print(rb.env_dict["obs"]["shape"], rb.env_dict["act"]["dtype"])
         (2,) int64
         """
-        return {c.name: {"shape": c.shape, "dtype": c.dtype} for c in self._columns}
+        return {c.name: {"shape": c.shape, "dtype": c.dtype} for c in self._columns
+                if c.name != nstep.DISCOUNTS or self._nstep is None}
+
+    @property
+    def nstep(self) -> Optional[Dict[str, Any]]:
+        """The N-step config as cpprb's ``Nstep`` dict (lists of keys), or None.
+
+        Views (attached or unpickled) have the same config, with their own empty staging.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> env = {"obs": {}, "rew": {}, "next_obs": {}, "done": {}}
+        >>> spec = {"size": 3, "gamma": 0.99, "rew": "rew", "next": "next_obs"}
+        >>> with ReplayBuffer(8, env, Nstep=spec) as rb, ReplayBuffer.attach(rb.name) as view:
+        ...     print(view.nstep)
+        ...     print(sorted(view.env_dict))
+        {'size': 3, 'gamma': 0.99, 'rew': ['rew'], 'next': ['next_obs']}
+        ['done', 'next_obs', 'obs', 'rew']
+        """
+        return None if self._nstep is None else self._nstep.config.as_dict()
 
     def get_stored_size(self) -> int:
         """Rows stored (at most the buffer size).
@@ -333,8 +367,18 @@ class ReplayBuffer:
         ...     print(rb.add(obs=[[2, 3], [4, 5]], done=[0, 1]))  # a batch of two
         0
         1
+
+        With ``Nstep``, the steps are staged and the call returns the first slot of the n-step
+        transitions it completed, or None when it completed none.
         """
+        if self._nstep is not None:
+            return self._nstep.add(self, columns)  # type: ignore[return-value]
         return self._store.add(self._values(columns))
+
+    def _commit_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray]) -> int:
+        """Store rows the N-step staging finished: every column (discounts included) already of
+        its dtype, C-contiguous, of shape (count, *shape); ONE store add."""
+        return int(self._store.add([rows[name] for name in self._column_order], priorities))
 
     # -- sample -------------------------------------------------------------------------------
 
@@ -367,7 +411,7 @@ class ReplayBuffer:
     # -- whole buffer -------------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Forget every row.
+        """Forget every row (and the steps this handle staged for N-step returns).
 
         Examples
         --------
@@ -379,9 +423,14 @@ class ReplayBuffer:
         0
         """
         self._store.clear()
+        if self._nstep is not None:
+            self._nstep.clear()
 
     def on_episode_end(self) -> None:
-        """Accepted for cpprb compatibility; episodes need no bookkeeping here.
+        """End the current episode (truncated): commit the steps staged for N-step returns.
+
+        They bootstrap from the last step's next state (done stays 0). Without ``Nstep``, and
+        after a step with done=1 (which commits at once), there is nothing to do.
 
         Examples
         --------
@@ -392,6 +441,8 @@ class ReplayBuffer:
         ...     print(rb.get_stored_size())
         1
         """
+        if self._nstep is not None:
+            self._nstep.flush(self)
 
     def get_all_transitions(self) -> Dict[str, np.ndarray]:
         """Copies of every stored row, in slot order (rows torn by a crashed writer left out).
@@ -418,7 +469,8 @@ class ReplayBuffer:
 
         Idempotent. A view's close never frees the memory, and neither does the owner's when
         the name now holds another buffer (the segment's token differs: ours was removed and
-        somebody made a new one under the name).
+        somebody made a new one under the name). With ``Nstep``, the steps this
+        handle staged are committed first, as a truncated episode end (as :meth:`on_episode_end`).
 
         Examples
         --------
@@ -437,13 +489,17 @@ class ReplayBuffer:
         with self._close_lock:
             if self._segment.closed:
                 return
-            self._store.release()
-            self._segment.close()
-            if self._finalizer is not None:
-                self._finalizer.detach()
-            if self._ownership is not None:
-                # Frees in the creating process only, and only our own segment.
-                self._ownership.free()
+            try:
+                if self._nstep is not None:
+                    self._nstep.flush(self)
+            finally:  # a failed flush still closes
+                self._store.release()
+                self._segment.close()
+                if self._finalizer is not None:
+                    self._finalizer.detach()
+                if self._ownership is not None:
+                    # Frees in the creating process only, and only our own segment.
+                    self._ownership.free()
 
     def __enter__(self):
         return self
@@ -460,8 +516,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     Parameters
     ----------
-    size, env_dict, backend, name, path, seed
-        As for :class:`ReplayBuffer`.
+    size, env_dict, backend, name, path, seed, Nstep
+        As for :class:`ReplayBuffer`. With ``Nstep``, the priorities given with a step go
+        into the segment with that step's n-step transition.
     alpha : float
         Prioritization exponent, >= 0 (0 is uniform).
     eps : float
@@ -485,7 +542,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def __init__(self, size: int, env_dict: Mapping[str, Any], *, alpha: float = 0.6,
                  eps: float = 1e-4, backend: str = "auto", name: Optional[str] = None,
                  path: Optional[PathLike] = None, seed: Optional[int] = None,
-                 lock_timeout: float = 60.0) -> None:
+                 lock_timeout: float = 60.0, Nstep: Optional[Mapping[str, Any]] = None) -> None:
         alpha = _as_real(alpha, "alpha")
         eps = _as_real(eps, "eps")
         if alpha < 0:
@@ -495,7 +552,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size > 0:
             _rules.check_alpha_eps(alpha, eps, int(size))
         self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps,
-                     lock_timeout=lock_timeout)
+                     lock_timeout=lock_timeout, Nstep=Nstep)
 
     def add(self, *, priorities: Any = None, **columns: Any) -> int:
         """add(*, priorities=None, **columns) -> int: store rows; returns the first slot written.
@@ -511,8 +568,20 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         ...     print(rb.add(obs=4.0), rb.get_max_priority())
         0
         2 3.0
+
+        With ``Nstep``, each priority belongs to the step it came with and is stored with that
+        step's n-step transition; the call returns the first slot of the transitions it
+        completed, or None.
         """
+        if self._nstep is not None:
+            return self._nstep.add(self, columns, priorities)  # type: ignore[return-value]
         return self._store.add(self._values(columns), priorities)
+
+    def _step_priorities(self, priorities: Any, count: int) -> np.ndarray:
+        """The N-step staging's check of the priorities given with `count` steps."""
+        array = _rules.real_vector(priorities, count, "priorities")
+        self._store.check_priorities(array, "priorities")
+        return array
 
     def sample(self, batch_size: int, beta: float = 0.4, *,
                out: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:

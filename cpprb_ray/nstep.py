@@ -1,0 +1,742 @@
+"""N-step returns: per-handle staging of the last steps of one environment stream.
+
+A buffer made with ``Nstep={"size": n, "gamma": g, "rew": "rew", "next": "next_obs"}`` stores,
+for each step t it is given, the n-step transition of t::
+
+    rew       = sum over k < m of g**k * rew(t + k)
+    next_obs  = next_obs(t + m - 1)
+    done      = done(t + m - 1)          (1 when the episode terminated inside the window)
+    discounts = g**m                     (float32; the factor of the bootstrap value)
+
+with m = min(n, steps left in t's episode), every other column as given with step t. A learner's
+target is then ``rew + discounts * (1 - done) * Q(next_obs)`` for every row, the shortened
+windows at an episode's end included.
+
+Step t can only be written once step t + n - 1 was added or its episode ended, so each handle
+keeps the steps it added whose window is still open (at most n - 1) in local staging, in its own
+process; they are not in the shared segment until they are committed. An episode ends with a step
+whose ``done`` is non-zero (terminated: everything staged is committed at once) or with
+``on_episode_end()`` / ``close()`` (truncated: the staged steps are committed, bootstrapping from
+the last step's ``next_obs``).
+
+The staging is a run of contiguous per-column arrays: new steps are appended after the staged
+ones, and the finished transitions are always a prefix of the run, so their plain columns go to
+the store as slices without a copy. Only the n-step columns (rewards, next observations, done,
+discounts) are computed, vectorized over the committed rows.
+
+Examples
+--------
+>>> from cpprb_ray import ReplayBuffer
+>>> env = {"obs": {}, "rew": {}, "next_obs": {}, "done": {}}
+>>> nstep = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
+>>> with ReplayBuffer(16, env, Nstep=nstep) as rb:
+...     for t in range(4):  # an episode of 4 steps, terminated by its last one
+...         _ = rb.add(obs=t, rew=1.0, next_obs=t + 1, done=float(t == 3))
+...     rows = rb.get_all_transitions()
+>>> rows["rew"].ravel().tolist(), rows["next_obs"].ravel().tolist()
+([1.75, 1.75, 1.5, 1.0], [3.0, 4.0, 4.0, 4.0])
+>>> rows["done"].ravel().tolist(), rows["discounts"].ravel().tolist()
+([0.0, 1.0, 1.0, 1.0], [0.125, 0.125, 0.25, 0.5])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from cpprb_ray import _rules
+from cpprb_ray import _layout
+
+__all__ = ["DISCOUNTS", "DONE", "NstepConfig", "NstepStaging", "cast_steps", "meta_of",
+           "plan_columns"]
+
+DISCOUNTS = "discounts"   # the column this module adds: g**m per row
+DONE = "done"             # the terminated flag, as in cpprb
+META_KEY = "nstep"        # where the config lives in the layout JSON's "meta"
+
+_FLOAT32 = np.dtype(np.float32)
+_FLOAT64 = np.dtype(np.float64)
+
+# Bumped in every forked child: a staging made before the fork sees it changed and forgets the
+# steps it inherited (cheaper than comparing os.getpid(), a system call, on every add).
+_FORKS = [0]
+_LARGE = 4096   # staging capacity (steps) above which a commit shrinks it back to the base
+
+
+def _count_fork() -> None:
+    _FORKS[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_count_fork)
+
+def _keys(spec: Mapping[str, Any], field: str) -> Tuple[str, ...]:
+    value = spec[field]
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(k, str) for k in value):
+        if len(set(value)) != len(value):
+            raise ValueError(f"Nstep[{field!r}] names a column twice: {list(value)}")
+        return tuple(value)
+    raise TypeError(f"Nstep[{field!r}] must be a column name or a non-empty list of them; got "
+                    f"{value!r}")
+
+
+class NstepConfig:
+    """A validated N-step spec: window `size`, discount `gamma`, reward and next-state columns.
+
+    Parameters
+    ----------
+    size : int
+        The window n (>= 1).
+    gamma : float
+        The discount, in [0, 1].
+    rew : tuple of str
+        Columns summed with discounts over the window.
+    next : tuple of str
+        Columns taken from the window's last step.
+
+    Examples
+    --------
+    >>> from cpprb_ray.nstep import NstepConfig
+    >>> config = NstepConfig(3, 0.99, ("rew",), ("next_obs",))
+    >>> config.as_dict()
+    {'size': 3, 'gamma': 0.99, 'rew': ['rew'], 'next': ['next_obs']}
+    """
+
+    __slots__ = ("size", "gamma", "rew", "next")
+
+    def __init__(self, size: int, gamma: float, rew: Tuple[str, ...],
+                 next: Tuple[str, ...]) -> None:  # noqa: A002 (cpprb's key)
+        self.size = size
+        self.gamma = gamma
+        self.rew = rew
+        self.next = next
+
+    @classmethod
+    def parse(cls, spec: Any, columns: Sequence[Any]) -> NstepConfig:
+        """Validate cpprb's ``Nstep`` dict against the buffer's columns.
+
+        Raises TypeError or ValueError naming the offending key; unlike cpprb, every key is
+        required and must name an existing column of a fitting kind.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from cpprb_ray._layout import parse_env_dict
+        >>> from cpprb_ray.nstep import NstepConfig
+        >>> columns = parse_env_dict({"obs": {}, "rew": {}, "next_obs": {}, "done": {}})
+        >>> NstepConfig.parse({"size": 2, "gamma": 0.9, "rew": "rew", "next": "next_obs"},
+        ...                   columns).size
+        2
+        >>> NstepConfig.parse({"size": 2, "gamma": 0.9, "rew": "reward", "next": "next_obs"},
+        ...                   columns)
+        Traceback (most recent call last):
+        ...
+        ValueError: Nstep['rew'] names 'reward', which is not a column of env_dict ...
+        """
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"Nstep must be a dict like {{'size': 3, 'gamma': 0.99, 'rew': "
+                            f"'rew', 'next': 'next_obs'}}; got {type(spec).__name__}")
+        expected = ("size", "gamma", "rew", "next")
+        missing = [key for key in expected if key not in spec]
+        unknown = sorted(str(key) for key in spec if key not in expected)
+        if missing or unknown:
+            raise ValueError(f"Nstep needs exactly the keys {list(expected)}; missing {missing}, "
+                             f"unknown {unknown}")
+        size = spec["size"]
+        if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)):
+            raise TypeError(f"Nstep['size'] must be an int; got {type(size).__name__}")
+        if size < 1:
+            raise ValueError(f"Nstep['size'] must be >= 1; got {size}")
+        gamma = spec["gamma"]
+        if isinstance(gamma, (bool, np.bool_)) or not isinstance(
+                gamma, (int, float, np.integer, np.floating)):
+            raise TypeError(f"Nstep['gamma'] must be a real number; got {type(gamma).__name__}")
+        if not 0.0 <= float(gamma) <= 1.0:
+            raise ValueError(f"Nstep['gamma'] must be in [0, 1]; got {gamma}")
+        config = cls(int(size), float(gamma), _keys(spec, "rew"), _keys(spec, "next"))
+        config.check(columns)
+        return config
+
+    def check(self, columns: Sequence[Any]) -> None:
+        """ValueError/TypeError unless the columns can carry this config's N-step transitions.
+
+        Examples
+        --------
+        >>> from cpprb_ray._layout import parse_env_dict
+        >>> from cpprb_ray.nstep import NstepConfig
+        >>> NstepConfig(3, 0.9, ("rew",), ("next_obs",)).check(parse_env_dict({"rew": {}}))
+        Traceback (most recent call last):
+        ...
+        ValueError: Nstep['next'] names 'next_obs', which is not a column of env_dict ...
+        """
+        by_name = {c.name: c for c in columns}
+        for field, names in (("rew", self.rew), ("next", self.next)):
+            for name in names:
+                if name not in by_name:
+                    raise ValueError(f"Nstep[{field!r}] names {name!r}, which is not a column of "
+                                     f"env_dict {sorted(by_name)}")
+                if name == DONE:
+                    raise ValueError(f"Nstep[{field!r}] must not name the {DONE!r} column")
+        both = sorted(set(self.rew) & set(self.next))
+        if both:
+            raise ValueError(f"Nstep['rew'] and Nstep['next'] must not share columns; both name "
+                             f"{both}")
+        for name in self.rew:
+            if by_name[name].dtype.kind != "f":
+                raise TypeError(f"Nstep['rew'] column {name!r} must have a floating dtype (it "
+                                f"holds discounted sums); got {by_name[name].dtype}")
+        done = by_name.get(DONE)
+        if done is None:
+            raise ValueError(f"Nstep needs a {DONE!r} column in env_dict (non-zero when a step "
+                             f"terminated its episode), as cpprb does")
+        if done.shape != (1,) or done.dtype.kind not in "biuf":
+            raise TypeError(f"the {DONE!r} column must be one number per step; got shape "
+                            f"{done.shape}, dtype {done.dtype}")
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The config as cpprb's ``Nstep`` dict (lists of column names).
+
+        Examples
+        --------
+        >>> from cpprb_ray.nstep import NstepConfig
+        >>> NstepConfig(2, 0.5, ("rew",), ("next_obs", "next_act")).as_dict()["next"]
+        ['next_obs', 'next_act']
+        """
+        return {"size": self.size, "gamma": self.gamma, "rew": list(self.rew),
+                "next": list(self.next)}
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any], columns: Sequence[Any],
+                  location: str = "") -> Optional[NstepConfig]:
+        """The config recorded in a segment's layout metadata, or None; ValueError (the
+        segment at `location` is not a valid buffer) when the record is broken.
+
+        Examples
+        --------
+        >>> from cpprb_ray._layout import parse_env_dict
+        >>> from cpprb_ray.nstep import NstepConfig, plan_columns
+        >>> spec = {"size": 2, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
+        >>> columns, config = plan_columns(
+        ...     parse_env_dict({"rew": {}, "next_obs": {}, "done": {}}), spec)
+        >>> NstepConfig.from_meta({"nstep": config.as_dict()}, columns).as_dict()
+        {'size': 2, 'gamma': 0.5, 'rew': ['rew'], 'next': ['next_obs']}
+        >>> NstepConfig.from_meta({}, columns) is None
+        True
+        """
+        spec = meta.get(META_KEY)
+        if spec is None:
+            return None
+        discounts = [c for c in columns if c.name == DISCOUNTS]
+        if len(discounts) != 1 or discounts[0].dtype != _FLOAT32 or discounts[0].shape != (1,):
+            raise _layout.corrupt(location, f"its N-step layout has no float32 {DISCOUNTS!r} "
+                                            f"column")
+        try:
+            return cls.parse(spec, [c for c in columns if c.name != DISCOUNTS])
+        except (TypeError, ValueError) as error:
+            raise _layout.corrupt(location, f"its N-step record is broken: {error}") from None
+
+
+def plan_columns(columns: List[Any], spec: Any) -> Tuple[List[Any], Optional[NstepConfig]]:
+    """The columns of a new buffer and its N-step config (None without `spec`).
+
+    With a spec, a float32 "discounts" column is appended. "discounts" is reserved in env_dict
+    either way, so that a sample's "discounts" always means g**m.
+
+    Examples
+    --------
+    >>> from cpprb_ray._layout import parse_env_dict
+    >>> from cpprb_ray.nstep import plan_columns
+    >>> columns, config = plan_columns(parse_env_dict({"rew": {}, "next_obs": {}, "done": {}}),
+    ...                                {"size": 3, "gamma": 0.9, "rew": "rew", "next": "next_obs"})
+    >>> [c.name for c in columns], config.size
+    (['rew', 'next_obs', 'done', 'discounts'], 3)
+    """
+    if any(c.name == DISCOUNTS for c in columns):
+        raise ValueError(f"env_dict key {DISCOUNTS!r} is reserved for the N-step discount "
+                         f"(g**m) that sample() returns")
+    if spec is None:
+        return columns, None
+    config = NstepConfig.parse(spec, columns)
+    return columns + [_layout.Column(DISCOUNTS, _FLOAT32, (1,))], config
+
+
+def meta_of(config: Optional[NstepConfig]) -> Dict[str, Any]:
+    """What a buffer records in its layout's "meta" for `config` (nothing without one).
+
+    Examples
+    --------
+    >>> from cpprb_ray.nstep import NstepConfig, meta_of
+    >>> meta_of(NstepConfig(3, 0.5, ("rew",), ("next_obs",)))
+    {'nstep': {'size': 3, 'gamma': 0.5, 'rew': ['rew'], 'next': ['next_obs']}}
+    >>> meta_of(None)
+    {}
+    """
+    return {} if config is None else {META_KEY: config.as_dict()}
+
+
+def cast_steps(columns: Sequence[Any], values: Mapping[str, Any]) -> Tuple[List[np.ndarray], int]:
+    """Validate and cast one step or a batch of steps of `columns`: (arrays of (count, *shape)
+    in column order, count). The rules and messages of ``ReplayBuffer.add``.
+
+    Examples
+    --------
+    >>> from cpprb_ray._layout import parse_env_dict
+    >>> from cpprb_ray.nstep import cast_steps
+    >>> arrays, count = cast_steps(parse_env_dict({"obs": {"shape": 2}, "done": {}}),
+    ...                            {"obs": [1, 2], "done": 0})
+    >>> [a.shape for a in arrays], count
+    ([(1, 2), (1, 1)], 1)
+    """
+    if len(values) != len(columns) or any(c.name not in values for c in columns):
+        names = {c.name for c in columns}
+        raise ValueError(f"add needs exactly the columns {sorted(names)}; missing "
+                         f"{sorted(names - set(values))}, unknown {sorted(set(values) - names)}")
+    arrays = []
+    count = -1
+    for column in columns:
+        value = values[column.name]
+        array = value if type(value) is np.ndarray else np.asarray(value)
+        if array.dtype != column.dtype:
+            if not _rules.can_cast(array.dtype, column.dtype):
+                raise _rules.cast_error(column.name, column.dtype, array.dtype)
+            array = array.astype(column.dtype)
+        rows = _rules.rows_of(array.shape, column.shape)
+        if rows < 0:
+            raise _rules.shape_error(column.name, column.shape, array.shape)
+        if count < 0:
+            count = rows
+        elif rows != count:
+            raise ValueError(f"ragged batch: column {column.name!r} has {rows} rows, "
+                             f"{columns[0].name!r} has {count}")
+        arrays.append(array.reshape((rows,) + column.shape))
+    if count == 0:
+        raise ValueError("add needs at least one row; got a batch of 0")
+    return arrays, count
+
+
+class NstepStaging:
+    """One handle's staged steps and the commit of its finished N-step transitions.
+
+    Not shared: each handle (and each process a handle is inherited into by fork) has its own,
+    empty at first. Thread-safe, though interleaving two streams on one handle mixes them.
+
+    The staging holds no reference to its buffer (no cycle that would delay freeing an owner's
+    segment); every call that commits gets the buffer as `sink`, which provides
+    ``sink._commit_rows(arrays_by_name, priorities_or_None) -> first slot`` (ONE store add),
+    and on a prioritized buffer ``sink._step_priorities(priorities, count) -> float64 array``
+    (validation) and ``sink.get_max_priority()``; ``sink.closed`` refuses adds to a closed
+    buffer.
+
+    Parameters
+    ----------
+    config : NstepConfig
+        Window, discount and columns.
+    columns : sequence of Column
+        The buffer's columns, "discounts" included, in layout order.
+    prioritized : bool
+        Whether steps may carry priorities.
+
+    Examples
+    --------
+    >>> from cpprb_ray._layout import parse_env_dict
+    >>> from cpprb_ray.nstep import NstepStaging, plan_columns
+    >>> columns, config = plan_columns(parse_env_dict({"rew": {}, "next_obs": {}, "done": {}}),
+    ...                                {"size": 2, "gamma": 0.5, "rew": "rew", "next": "next_obs"})
+    >>> class Sink:
+    ...     closed = False
+    ...     committed = []
+    ...     def _commit_rows(self, rows, priorities):
+    ...         self.committed.append(rows)
+    ...         return 0
+    >>> staging = NstepStaging(config, columns, prioritized=False)
+    >>> staging.add(Sink(), {"rew": 1.0, "next_obs": 1.0, "done": 0.0}) is None, staging.staged
+    (True, 1)
+    >>> staging.add(Sink(), {"rew": 2.0, "next_obs": 2.0, "done": 0.0}), staging.staged
+    (0, 1)
+    >>> Sink.committed[0]["rew"].ravel().tolist(), Sink.committed[0]["discounts"].ravel().tolist()
+    ([2.0], [0.25])
+    """
+
+    def __init__(self, config: NstepConfig, columns: Sequence[Any], prioritized: bool) -> None:
+        self.config = config
+        self._user_columns = [c for c in columns if c.name != DISCOUNTS]
+        self._names = [c.name for c in self._user_columns]
+        self._done_index = self._names.index(DONE)
+        self._rew = [name for name in self._names if name in config.rew]
+        self._next = [name for name in self._names if name in config.next]
+        # Taken from a row's own step: everything but the n-step columns.
+        self._plain = [name for name in self._names
+                       if name not in config.rew and name not in config.next and name != DONE]
+        # Where the single-step commit takes each copied column from: the row's own step, or
+        # (next and done) the window's last one, n - 1 later.
+        self._row_sources = ([(name, 0) for name in self._plain]
+                             + [(name, config.size - 1) for name in self._next + [DONE]])
+        self._prioritized = prioritized
+        size = config.size
+        self._size = size
+        # g**k for k = 0..n, computed once; a row's rewards weigh g**k and its discount is g**m.
+        self._powers = np.power(config.gamma, np.arange(size + 1, dtype=_FLOAT64))
+        self._weights = self._powers[:size].tolist()
+        self._weights_row = self._powers[:size].reshape(1, size)
+        self._offsets = np.arange(size, dtype=np.int64)
+        self._discounts_by_span = self._powers[1:].astype(_FLOAT32)   # g**(span + 1)
+        self._full_discount = np.full((1, 1), self._powers[size], dtype=_FLOAT32)
+        self._reward_scratch = {c.name: np.empty((1, 1), dtype=c.dtype)
+                                for c in self._user_columns if c.name in config.rew}
+        # The single-step path sums one-number reward columns in Python floats, the same
+        # float64 operations in the same order as _discounted_sums, so both give equal rows.
+        self._scalar_rewards = all(c.shape == (1,) for c in self._user_columns
+                                   if c.name in config.rew)
+        self._castable: Dict[Tuple[str, np.dtype], bool] = {}
+        self._lock = threading.Lock()
+        # Room for single steps: compaction (moving the < n staged steps to the front) comes
+        # once every `base - n` steps. Batches grow it; past _LARGE steps the next commit
+        # shrinks it back, so that one huge batch does not keep a huge staging.
+        self._base_capacity = max(4 * size, 64)
+        self._allocate(self._base_capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        self._set_storage(capacity, self._new_storage(capacity),
+                          np.full(capacity, np.nan, dtype=_FLOAT64))
+        self._head = 0    # first staged step
+        self._tail = 0    # one past the last staged step
+        self._fork_epoch = _FORKS[0]
+
+    def _new_storage(self, capacity: int) -> Dict[str, np.ndarray]:
+        return {c.name: np.empty((capacity,) + c.shape, dtype=c.dtype) for c in self._user_columns}
+
+    def _set_storage(self, capacity: int, storage: Dict[str, np.ndarray],
+                     priorities: np.ndarray) -> None:
+        self._capacity = capacity
+        self._storage = storage
+        self._priorities = priorities   # NaN: the step came without one
+        # 1-D views of the one-number columns, for the single-step path's item reads and writes
+        self._scalars = {name: array[:, 0] for name, array in storage.items()
+                         if array.shape[1:] == (1,)}
+        # What _stage_one writes each column through: (name, 1-D view of a one-number column
+        # or None, the column's storage, row shape, whether a Python float / int may go in).
+        self._writers = []
+        for column in self._user_columns:
+            kind = column.dtype.kind
+            self._writers.append((column.name, self._scalars.get(column.name),
+                                  storage[column.name], column.shape, kind == "f",
+                                  kind == "f" or (kind == "i" and column.dtype.itemsize == 8)))
+        # Row views by position for the single-step commit (a lookup costs less than slicing),
+        # made on first use.
+        self._row_views: Dict[str, List[Optional[np.ndarray]]] = {
+            name: [None] * capacity for name in storage}
+
+    @property
+    def staged(self) -> int:
+        """Steps added but not yet committed (at most size - 1 between calls).
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> env = {"rew": {}, "next_obs": {}, "done": {}}
+        >>> with ReplayBuffer(8, env, Nstep={"size": 3, "gamma": 1.0, "rew": "rew",
+        ...                                  "next": "next_obs"}) as rb:
+        ...     _ = rb.add(rew=[1.0, 1.0], next_obs=[1.0, 2.0], done=[0.0, 0.0])
+        ...     print(rb._nstep.staged, rb.get_stored_size())
+        2 0
+        """
+        self._forget_inherited()
+        return self._tail - self._head
+
+    def _forget_inherited(self) -> None:
+        # A forked child inherits a copy of the parent's staged steps; they belong to the
+        # parent's stream, which commits them itself, so the child starts empty.
+        if self._fork_epoch != _FORKS[0]:
+            self._allocate(self._base_capacity)
+
+    def _reserve(self, count: int) -> None:
+        """Make room for `count` more steps after the staged ones (moving those to the front)."""
+        if self._tail + count <= self._capacity:
+            return
+        staged = self._tail - self._head
+        if staged + count > self._capacity:
+            capacity = max(2 * self._capacity, staged + count + self._size)
+            storage = self._new_storage(capacity)
+            priorities = np.full(capacity, np.nan, dtype=_FLOAT64)
+        else:
+            capacity, storage, priorities = self._capacity, self._storage, self._priorities
+        for name, old in self._storage.items():
+            storage[name][:staged] = old[self._head:self._tail]
+        priorities[:staged] = self._priorities[self._head:self._tail]
+        if storage is not self._storage:   # compacting in place keeps every view valid
+            self._set_storage(capacity, storage, priorities)
+        self._head, self._tail = 0, staged
+
+    def add(self, sink: Any, values: Mapping[str, Any], priorities: Any = None) -> Optional[int]:
+        """Stage one step or a batch of consecutive steps; commit the transitions they finish.
+
+        Returns the first slot written, or None when no row was committed.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> env = {"rew": {}, "next_obs": {}, "done": {}}
+        >>> with ReplayBuffer(8, env, Nstep={"size": 2, "gamma": 0.5, "rew": "rew",
+        ...                                  "next": "next_obs"}) as rb:
+        ...     print(rb.add(rew=[1.0, 2.0, 4.0], next_obs=[1, 2, 3], done=[0, 0, 0]))
+        ...     print(rb.get_all_transitions()["rew"].ravel())
+        0
+        [2. 4.]
+        """
+        if sink.closed:
+            raise ValueError("operation on a closed buffer")
+        with self._lock:
+            if self._fork_epoch != _FORKS[0]:
+                self._forget_inherited()
+            if self._tail == self._capacity:
+                self._reserve(1)
+            tail = self._tail
+            if self._stage_one(values, tail):
+                count = 1
+                if priorities is not None:
+                    self._priorities[tail] = sink._step_priorities(priorities, 1)[0]
+                else:
+                    self._priorities[tail] = np.nan
+                if not self._scalars[DONE][tail]:
+                    if tail + 1 - self._head < self._size:
+                        self._tail = tail + 1
+                        return None
+                    if self._scalar_rewards:
+                        first = self._commit_full_window(sink)
+                        self._tail = tail + 1
+                        return first
+                    return self._commit_ready(sink, np.empty(0, dtype=np.int64), tail + 1)
+                return self._commit_ready(sink, np.array([tail], dtype=np.int64), tail + 1)
+            arrays, count = cast_steps(self._user_columns, values)
+            if priorities is not None:
+                priorities = sink._step_priorities(priorities, count)
+            self._reserve(count)
+            tail = self._tail
+            new_tail = tail + count
+            for name, array in zip(self._names, arrays):
+                self._storage[name][tail:new_tail] = array
+            self._priorities[tail:new_tail] = np.nan if priorities is None else priorities
+            ends = tail + np.flatnonzero(arrays[self._done_index].reshape(-1))
+            return self._commit_ready(sink, ends, new_tail)
+
+    def _stage_one(self, values: Mapping[str, Any], tail: int) -> bool:
+        """Write one step at `tail` when every value is a Python or numpy scalar (one-number
+        columns) or an array of the row's shape, of a dtype that same_kind casting allows; else
+        False, and the caller applies cast_steps (which raises what add must raise)."""
+        if len(values) != len(self._writers):
+            return False
+        castable = self._castable
+        try:
+            for name, scalars, storage, shape, float_ok, int_ok in self._writers:
+                value = values[name]
+                value_type = type(value)
+                if value_type is float or value_type is int or value_type is bool:
+                    # An int into a narrower int column follows numpy's cast in cast_steps.
+                    if scalars is None or not (float_ok or value_type is bool
+                                               or (int_ok and value_type is int)):
+                        return False
+                    scalars[tail] = value
+                    continue
+                if value_type is np.ndarray:
+                    if value.shape != shape and not (scalars is not None and value.shape == ()):
+                        return False
+                elif scalars is None or not isinstance(value, np.generic):
+                    return False
+                if value.dtype is not storage.dtype:
+                    key = (name, value.dtype)
+                    allowed = castable.get(key)
+                    if allowed is None:
+                        allowed = castable[key] = value.dtype.kind in "biuf" and bool(
+                            np.can_cast(value.dtype, storage.dtype, casting="same_kind"))
+                    if not allowed:
+                        return False
+                storage[tail] = value
+        except (KeyError, OverflowError, ValueError):
+            return False
+        return True
+
+    def flush(self, sink: Any) -> Optional[int]:
+        """End the episode: commit every staged step, bootstrapping from the last next state.
+
+        Returns the first slot written, or None when nothing was staged.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> env = {"rew": {}, "next_obs": {}, "done": {}}
+        >>> with ReplayBuffer(8, env, Nstep={"size": 3, "gamma": 0.5, "rew": "rew",
+        ...                                  "next": "next_obs"}) as rb:
+        ...     _ = rb.add(rew=[1.0, 2.0], next_obs=[1, 2], done=[0, 0])
+        ...     print(rb._nstep.flush(rb), rb._nstep.flush(rb))
+        ...     rows = rb.get_all_transitions()
+        ...     print(rows["rew"].ravel(), rows["next_obs"].ravel(), rows["discounts"].ravel())
+        0 None
+        [2. 2.] [2. 2.] [0.25 0.5 ]
+        """
+        with self._lock:
+            self._forget_inherited()
+            if self._tail == self._head:
+                return None
+            return self._commit_ready(sink, np.array([self._tail - 1], dtype=np.int64),
+                                      self._tail)
+
+    def clear(self) -> None:
+        """Drop the staged steps without committing them.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> env = {"rew": {}, "next_obs": {}, "done": {}}
+        >>> with ReplayBuffer(8, env, Nstep={"size": 3, "gamma": 0.5, "rew": "rew",
+        ...                                  "next": "next_obs"}) as rb:
+        ...     _ = rb.add(rew=1.0, next_obs=1.0, done=0.0)
+        ...     rb._nstep.clear()
+        ...     print(rb._nstep.staged, rb._nstep.flush(rb))
+        0 None
+        """
+        with self._lock:
+            self._head = self._tail = 0
+            self._fork_epoch = _FORKS[0]
+
+    def _commit_full_window(self, sink: Any) -> int:
+        """The common single-step case: the oldest staged step's window just filled (n steps,
+        no episode end), so every column is one row and each reward a sum of n Python floats.
+        The arrays given to the commit are views and scratch, consumed before it returns (the
+        store copies them into the segment)."""
+        head = self._head
+        last = head + self._size - 1
+        rows = {}
+        views, storage = self._row_views, self._storage
+        for name, offset in self._row_sources:
+            position = head + offset
+            view = views[name][position]
+            if view is None:
+                view = views[name][position] = storage[name][position:position + 1]
+            rows[name] = view
+        for name in self._rew:
+            total = 0.0
+            for weight, reward in zip(self._weights,
+                                      self._scalars[name][head:last + 1].tolist()):
+                total += weight * reward
+            scratch = self._reward_scratch[name]
+            scratch[0, 0] = total
+            rows[name] = scratch
+        rows[DISCOUNTS] = self._full_discount
+        priorities = None
+        if self._prioritized and not math.isnan(self._priorities[head]):
+            priorities = self._priorities[head:head + 1]
+        first = sink._commit_rows(rows, priorities)
+        self._head = head + 1
+        return first
+
+    def _priorities_of(self, sink: Any, start: int, stop: int) -> Optional[np.ndarray]:
+        if not self._prioritized:
+            return None
+        given = self._priorities[start:stop]
+        missing = np.isnan(given)
+        if missing.all():
+            return None   # the store gives them its max priority, as a plain add does
+        if not missing.any():
+            return given
+        filled = given.copy()
+        # A step added without a priority gets the largest one seen, as a plain add gives it.
+        filled[missing] = sink.get_max_priority()
+        return filled
+
+    def _commit_ready(self, sink: Any, ends: np.ndarray, new_tail: int) -> Optional[int]:
+        """Commit every step whose window is complete: those up to the last episode end in
+        `ends` (ascending positions of terminal or truncating steps) and those with n steps
+        after them; keep the rest (at most n - 1) staged. Rolls nothing forward on failure."""
+        head = self._head
+        size = self._size
+        last_end = int(ends[-1]) if ends.shape[0] else -1
+        ready = max(head, last_end + 1, new_tail - size + 1)
+        if ready == head:
+            self._tail = new_tail
+            if self._capacity > _LARGE:
+                self._shrink()
+            return None
+        storage = self._storage
+        rows = {}
+        for name in self._plain:
+            rows[name] = storage[name][head:ready]
+        if ends.shape[0]:
+            rows.update(self._windows_to_ends(ends, head, ready, new_tail))
+        else:
+            # No episode end among them: every window has n steps, and every column is a slice.
+            for name in self._next:
+                rows[name] = storage[name][head + size - 1:ready + size - 1]
+            rows[DONE] = storage[DONE][head + size - 1:ready + size - 1]
+            for name in self._rew:
+                total = np.zeros(storage[name][head:ready].shape, dtype=_FLOAT64)
+                for k, weight in enumerate(self._weights):
+                    total += weight * storage[name][head + k:ready + k].astype(_FLOAT64)
+                rows[name] = total.astype(storage[name].dtype)
+            rows[DISCOUNTS] = np.full((ready - head, 1), self._powers[size], dtype=_FLOAT32)
+        first = sink._commit_rows(rows, self._priorities_of(sink, head, ready))
+        self._head = ready
+        self._tail = new_tail
+        if ready == new_tail:
+            self._head = self._tail = 0   # nothing staged: start again at the front
+        if self._capacity > _LARGE:
+            self._shrink()
+        return first
+
+    def _windows_to_ends(self, ends: np.ndarray, head: int, ready: int,
+                         new_tail: int) -> Dict[str, np.ndarray]:
+        """The n-step columns of rows head..ready-1 when episodes end among them: each row's
+        window runs to its episode's end or n steps, whichever comes first."""
+        size = self._size
+        storage = self._storage
+        positions = np.arange(head, ready, dtype=np.int64)
+        # span = steps - 1: to the episode's end (new_tail past the last one), at most n - 1.
+        span = np.append(ends, new_tail).take(ends.searchsorted(positions))
+        span -= positions
+        np.minimum(span, size - 1, out=span)
+        last = positions + span
+        rows = {}
+        for name in self._next:
+            rows[name] = storage[name].take(last, axis=0)
+        rows[DONE] = storage[DONE].take(last, axis=0)
+        if self._rew:
+            outside = self._offsets > span[:, None]
+            window = positions[:, None] + self._offsets
+            np.minimum(window, new_tail - 1, out=window)
+            for name in self._rew:
+                scalars = self._scalars.get(name)
+                if scalars is not None:   # (rows, n), not (rows, n, 1): fewer broadcasts
+                    weighted = scalars.take(window).astype(_FLOAT64)
+                    weighted *= self._weights_row
+                    # Steps past a window's end (another episode, or not added yet) are set to
+                    # 0 after weighting, not weighted by 0, so an inf there cannot leak in.
+                    weighted[outside] = 0.0
+                else:
+                    weighted = storage[name].take(window, axis=0).astype(_FLOAT64)
+                    weighted *= self._powers[:size].reshape(
+                        (size,) + (1,) * (storage[name].ndim - 1))
+                    weighted[outside] = 0.0
+                # k by k, in float64, as the single-step path adds: equal rows either way.
+                total = np.zeros(weighted.shape[:1] + weighted.shape[2:], dtype=_FLOAT64)
+                for k in range(size):
+                    total += weighted[:, k]
+                rows[name] = total.astype(storage[name].dtype).reshape(
+                    (-1,) + storage[name].shape[1:])
+        rows[DISCOUNTS] = self._discounts_by_span.take(span).reshape(-1, 1)
+        return rows
+
+    def _shrink(self) -> None:
+        """Back to the base capacity after a large batch (at most n - 1 steps are staged)."""
+        staged = self._tail - self._head
+        storage = self._new_storage(self._base_capacity)
+        priorities = np.full(self._base_capacity, np.nan, dtype=_FLOAT64)
+        for name, old in self._storage.items():
+            storage[name][:staged] = old[self._head:self._tail]
+        priorities[:staged] = self._priorities[self._head:self._tail]
+        self._set_storage(self._base_capacity, storage, priorities)
+        self._head, self._tail = 0, staged
