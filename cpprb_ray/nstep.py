@@ -48,8 +48,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cpprb_ray import _rules
-from cpprb_ray import _layout
+from cpprb_ray import _layout, _rules
 
 __all__ = ["DISCOUNTS", "DONE", "NstepConfig", "NstepStaging", "cast_steps", "meta_of",
            "plan_columns"]
