@@ -16,10 +16,14 @@ Examples
 from cpprb_ray._orphans import list_buffers, remove_buffer, remove_orphans
 from cpprb_ray._ownership import install_sigterm_handler
 from cpprb_ray.buffer import PrioritizedReplayBuffer, ReplayBuffer, attach
+from cpprb_ray.rate_limiters import MinSize, RateLimiter, SampleToInsertRatio
 
 __all__ = [
+    "MinSize",
     "PrioritizedReplayBuffer",
+    "RateLimiter",
     "ReplayBuffer",
+    "SampleToInsertRatio",
     "attach",
     "install_sigterm_handler",
     "list_buffers",

@@ -8,12 +8,14 @@
 
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 
+from cpprb_ray._limiter cimport Limiter
 from cpprb_ray._segtree cimport TreeView, Xoshiro256
 from cpprb_ray._sync cimport pthread_mutex_t
 
 cdef enum:
     HEADER_BYTES = 256       # the Header below, padded
     MUTEX_AT = 256           # the robust mutex (_sync.MUTEX_BYTES reserved)
+                             # 384: the rate limiter (_limiter.Limiter, LIMITER_BYTES reserved)
     LAYOUT_AT = 512          # the layout JSON
     VERSION = 3              # 3: magic as a u64 field, lock-wait statistics; 2: shared leaves
 
@@ -36,6 +38,7 @@ cdef enum Status:
     ST_LOCK_TIMEOUT = -6     # the lock was not released in time
     ST_INTERRUPTED = -7      # a signal handler raised while waiting for the lock
     ST_LOCK_ERROR = -8       # pthread returned an errno (kept in StoreView.lock_errno)
+    ST_RATE_LIMITED = -9     # the rate limiter holds the add or sample back (nothing done)
 
 
 # Every field is 8 bytes and the order is the layout on disk: read_header() converts this struct
@@ -84,6 +87,8 @@ cdef struct StoreView:
     const int64_t* columns        # offset of each column's field inside a row record
     const int64_t* row_bytes      # bytes of each column's field
     int lock_errno                # the errno behind ST_LOCK_ERROR
+    Limiter* limiter              # the segment's rate limiter record (LIMITER_AT)
+    bint limited                  # it has a limiter (its kind never changes after creation)
 
 
 cdef void view_bind(StoreView* view, uint8_t* base, const int64_t* columns,
@@ -103,5 +108,6 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
                           const double* weights, const uint64_t* generations,
                           int64_t count) noexcept nogil
 cdef void store_clear(StoreView* view) noexcept nogil
+cdef bint store_admits(StoreView* view, int side, int64_t rows) noexcept nogil
 cdef int64_t store_snapshot(StoreView* view, int64_t room, uint8_t** outputs, int64_t* indexes,
                             double* leaves) noexcept nogil

@@ -17,6 +17,8 @@ from libc.math cimport floor, isfinite, pow, powf
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
+from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_BYTES, LIMITER_NONE, Limiter,
+                                 limiter_admits)
 from cpprb_ray._segtree cimport (Xoshiro256, is_unset, rng_uniform, tree_bind,
                                  tree_clear_all, tree_min, tree_rebuild, tree_refresh,
                                  tree_refresh_range, tree_sample, tree_total, unset_leaf)
@@ -56,6 +58,12 @@ cdef enum:
 cdef enum:
     HEADER_SPARE_BYTES = HEADER_BYTES - sizeof(Header)
 cdef char header_fits_its_space[HEADER_SPARE_BYTES + 1]
+cdef enum:
+    LIMITER_SPARE_BYTES = LIMITER_BYTES - sizeof(Limiter)
+cdef char limiter_fits_its_space[LIMITER_SPARE_BYTES + 1]
+cdef enum:
+    LIMITER_GAP_BYTES = LAYOUT_AT - (LIMITER_AT + LIMITER_BYTES)
+cdef char limiter_ends_before_the_layout[LIMITER_GAP_BYTES + 1]
 
 
 cdef inline void copy_field(uint8_t* dst, const uint8_t* src, int64_t size) noexcept nogil:
@@ -96,6 +104,8 @@ cdef void view_bind(StoreView* view, uint8_t* base, const int64_t* columns,
     view.row_bytes = row_bytes
     view.column_count = column_count
     view.lock_errno = 0
+    view.limiter = <Limiter*>(base + LIMITER_AT)
+    view.limited = view.limiter.kind != LIMITER_NONE
 
 
 cdef int64_t header_problem(const Header* header) noexcept nogil:
@@ -380,7 +390,23 @@ cdef void store_clear(StoreView* view) noexcept nogil:
     view.header.next_index = 0
     view.header.stored_size = 0
     view.header.max_priority = 1.0
+    # The limiter counts from here (Reverb resets its limiter with the table). Before OP_NONE:
+    # a repaired clear is redone whole, and sets the same bases again.
+    view.limiter.insert_base = view.header.rows_added
+    view.limiter.sample_base = view.header.rows_sampled
     publish_op(&view.header.op, OP_NONE)
+
+
+cdef bint store_admits(StoreView* view, int side, int64_t rows) noexcept nogil:
+    """Under the lock: whether the rate limiter lets an add or a sample of `rows` rows go now
+    (always, without a limiter). Its counts derive from the header (see _limiter.pxd)."""
+    cdef Header* h = view.header
+    cdef Limiter* limiter = view.limiter
+    if not view.limited:
+        return True
+    return limiter_admits(limiter, side, <double>(h.rows_added - limiter.insert_base),
+                          <double>(h.rows_sampled - limiter.sample_base), h.stored_size,
+                          h.capacity, rows)
 
 
 cdef int64_t store_snapshot(StoreView* view, int64_t room, uint8_t** outputs, int64_t* indexes,

@@ -59,6 +59,32 @@ def as_real(value, str name):
     return value
 
 
+def as_timeout(value, str name="timeout"):
+    """Seconds a call may wait as a float, -1.0 for None (and inf): no limit; TypeError or
+    ValueError naming `name` for anything but None or a real number >= 0.
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import as_timeout
+    >>> as_timeout(None), as_timeout(0), as_timeout(2.5)
+    (-1.0, 0.0, 2.5)
+    >>> as_timeout(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout must be None or a number of seconds >= 0; got -1
+    """
+    if value is None:
+        return -1.0
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be None or a number of seconds; got "
+                        f"{type(value).__name__}")
+    seconds = float(value)
+    if not seconds >= 0.0:
+        raise ValueError(f"{name} must be None or a number of seconds >= 0; got {value}")
+    return -1.0 if seconds == INFINITY else seconds
+
+
 # -- priorities ---------------------------------------------------------------------------------
 
 cdef int priority_rule(PriorityRule* rule, double alpha, double eps, int64_t capacity) except -1:

@@ -17,13 +17,21 @@ taken, the lock is taken (in slices, so that a stopped or vanished holder gives 
 Ctrl-C interrupts the wait), the kernel runs with the GIL released, the lock is let go, and a
 negative Status becomes an exception in one place (``raise_status``). Input is validated and
 converted before the GIL is released, by the rules of :mod:`cpprb_ray._rules`.
+
+The rate limiter (384: _limiter.Limiter) is part of that one critical section: the add and
+sample kernels ask it first and return ST_RATE_LIMITED without touching anything when it holds
+them back. The driver then marks the call's gate (a futex word in the limiter record), unlocks,
+sleeps on the gate for one slice at most, and tries again; every committed add or sample
+advances the other side's gate under the lock and, when somebody marked it, wakes it after
+unlocking (docs/rate_limiting.md).
 """
 
 cimport cython
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
                              PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer)
 from cpython.exc cimport PyErr_CheckSignals
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.math cimport isnan
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 from posix.types cimport pid_t
@@ -32,14 +40,19 @@ from posix.unistd cimport getpid
 from cpprb_ray._columns cimport AddFrame, ColumnTable
 from cpprb_ray._core cimport (HEADER_BYTES, LAYOUT_AT, MUTEX_AT, OP_NONE, ST_ALL_TORN,
                               ST_ALL_ZERO, ST_CORRUPT, ST_EMPTY, ST_LOCK_ERROR, ST_LOCK_TIMEOUT,
-                              ST_NAN_TREE, ST_OK, VERSION, Header, StoreView, store_add,
-                              store_clear, store_lock, store_sample, store_snapshot,
-                              store_unlock, store_update, view_bind)
+                              ST_NAN_TREE, ST_OK, ST_RATE_LIMITED, VERSION, Header, StoreView,
+                              store_add, store_admits, store_clear, store_lock, store_sample,
+                              store_snapshot, store_unlock, store_update, view_bind)
+from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_MIN_SIZE, LIMITER_NONE,
+                                 LIMITER_SAMPLE_TO_INSERT_RATIO, SIDE_INSERT, SIDE_RESET,
+                                 SIDE_SAMPLE, Limiter, gate_advance, gate_arm, limiter_admits,
+                                 limiter_gate, limiter_never_admits)
 from cpprb_ray._rules cimport (PriorityRule, first_bad_priority, first_out_of_range,
                                priority_rule, raise_bad_priority)
 from cpprb_ray._segtree cimport (TreeView, Xoshiro256, min_key, rng_seed, tree_bind, tree_clear_all,
                                  tree_doubles, tree_min, tree_total)
-from cpprb_ray._sync cimport mutex_holder, mutex_init, pthread_mutex_t
+from cpprb_ray._sync cimport (gate_wait, gate_wake, monotonic_seconds, mutex_holder, mutex_init,
+                              pthread_mutex_t)
 
 import time
 
@@ -58,8 +71,11 @@ HEADER_NBYTES = HEADER_BYTES
 MUTEX_OFFSET = MUTEX_AT
 LAYOUT_OFFSET = LAYOUT_AT
 LAYOUT_VERSION = VERSION
+LIMITER_OFFSET = LIMITER_AT
+LIMITER_KINDS = {LIMITER_MIN_SIZE: "MinSize",
+                 LIMITER_SAMPLE_TO_INSERT_RATIO: "SampleToInsertRatio"}
 MAGIC = b"CPPRBRAY"
-cdef double LOCK_SLICE_S = 0.05   # between two slices of a lock wait: signals, deadline
+cdef double LOCK_SLICE_S = 0.05   # between two slices of a lock or rate wait: signals, deadline
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 
 _ndarray = np.ndarray
@@ -113,16 +129,20 @@ if 8 * (len(_HEADER_FIELDS) + 1) != sizeof(Header):  # pragma: no cover - a fiel
 
 
 def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps, owner_pid,
-                       layout_json, data_offset, tree_offset, row_stride, created_ns):
-    """Lay a new header, mutex, layout and empty tree in zeroed `memory`.
+                       layout_json, data_offset, tree_offset, row_stride, created_ns,
+                       limiter=None):
+    """Lay a new header, mutex, limiter record, layout and empty tree in zeroed `memory`.
 
-    The magic is written last, so an attacher that sees it finds everything else in place.
+    `limiter`: None, or (kind, samples_per_insert, min_size_to_sample, min_diff, max_diff) as
+    :mod:`cpprb_ray.rate_limiters` validated them. The magic is written last, so an attacher
+    that sees it finds everything else in place.
     """
     cdef Py_buffer view
     cdef Header* header = _header_of(memory, &view)
     cdef char* base = <char*>view.buf
     cdef TreeView tree
     cdef int status
+    cdef Limiter* record
     try:
         if LAYOUT_OFFSET + len(layout_json) > data_offset:
             raise ValueError("layout JSON overlaps the data")
@@ -144,6 +164,10 @@ def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps,
         header.tree_offset = tree_offset
         header.row_stride = row_stride
         header.created_ns = created_ns
+        if limiter is not None:
+            record = <Limiter*>(base + LIMITER_AT)
+            (record.kind, record.samples_per_insert, record.min_size_to_sample,
+             record.min_diff, record.max_diff) = limiter
         status = mutex_init(<pthread_mutex_t*>(base + MUTEX_AT))
         if status:
             raise OSError(status, "pthread_mutex_init failed")
@@ -185,6 +209,21 @@ cdef int raise_status(int64_t status, ReplayStore store) except -1:
 
 ctypedef int64_t (*Kernel)(StoreView* view, void* arguments) noexcept nogil
 
+# A call on one side of the rate limiter, as the driver carries it through its waits.
+cdef struct RateCall:
+    int side                  # SIDE_INSERT (add), SIDE_SAMPLE (sample), SIDE_RESET (clear)
+    int64_t rows              # rows it adds or samples
+    double timeout            # seconds it may be held back; < 0: no limit
+    double started            # monotonic time the limiter first held it back; < 0: not yet
+    double waited             # seconds it was held back, once it went through or gave up
+    double nap                # the next sleep on its gate (one slice, or what is left)
+    uint32_t seen             # the gate's value when it decided to sleep
+    bint sleeping             # it is to sleep on its gate and try again
+
+cdef enum:
+    WAKE_INSERTERS = 1
+    WAKE_SAMPLERS = 2
+
 cdef struct AddArguments:
     const uint8_t** sources
     int64_t count
@@ -222,11 +261,16 @@ cdef struct TreeArguments:
 
 
 cdef int64_t add_kernel(StoreView* view, void* arguments) noexcept nogil:
+    # Admission and the add are one critical section: nothing can come between them.
     cdef AddArguments* a = <AddArguments*>arguments
+    if not store_admits(view, SIDE_INSERT, a.count):
+        return ST_RATE_LIMITED
     return store_add(view, a.sources, a.count, a.priorities, a.weights)
 
 cdef int64_t sample_kernel(StoreView* view, void* arguments) noexcept nogil:
     cdef SampleArguments* a = <SampleArguments*>arguments
+    if not store_admits(view, SIDE_SAMPLE, a.batch):
+        return ST_RATE_LIMITED
     return store_sample(view, a.rng, a.batch, a.beta, a.scratch, a.indexes, a.weights,
                         a.generations, a.outputs)
 
@@ -252,6 +296,112 @@ cdef int64_t tree_kernel(StoreView* view, void* arguments) noexcept nogil:
         a.sums[k] = view.tree.sums[k] + 0.0
         a.mins[k] = min_key(view.tree.sums[k])
     return 0
+
+
+cdef void rate_start(RateCall* rate, int side, int64_t rows, double timeout) noexcept:
+    rate.side = side
+    rate.rows = rows
+    rate.timeout = timeout
+    rate.started = -1.0
+    rate.waited = 0.0
+    rate.sleeping = False
+
+
+cdef int rate_settle(StoreView* view, RateCall* rate, int64_t result) noexcept nogil:
+    """Under the lock, after the kernel ran: decide whether `rate`'s call sleeps and tries again
+    (marking its gate), gave up, or went through (counting its wait, advancing the other
+    side's gate). Returns the WAKE_* gates to wake once the lock is let go."""
+    cdef Limiter* limiter = view.limiter
+    cdef double now
+    cdef int wake = 0
+    rate.sleeping = False
+    if result == ST_RATE_LIMITED:
+        now = monotonic_seconds()
+        if rate.started < 0:
+            rate.started = now
+        rate.waited = now - rate.started
+        if rate.timeout >= 0 and rate.waited >= rate.timeout:
+            rate_count_wait(limiter, rate, True)
+            return 0
+        rate.seen = gate_arm(limiter_gate(limiter, rate.side))
+        rate.nap = LOCK_SLICE_S
+        if rate.timeout >= 0 and rate.timeout - rate.waited < rate.nap:
+            rate.nap = rate.timeout - rate.waited
+        rate.sleeping = True
+        return 0
+    if result < 0:
+        return 0
+    if rate.started >= 0:
+        rate.waited = monotonic_seconds() - rate.started
+        rate_count_wait(limiter, rate, False)
+    # Progress lets the other side through: adds open the samplers' gate, samples the
+    # inserters', a clear both.
+    if rate.side != SIDE_SAMPLE and gate_advance(&limiter.sample_gate):
+        wake |= WAKE_SAMPLERS
+    if rate.side != SIDE_INSERT and gate_advance(&limiter.insert_gate):
+        wake |= WAKE_INSERTERS
+    return wake
+
+
+cdef void rate_count_wait(Limiter* limiter, RateCall* rate, bint gave_up) noexcept nogil:
+    """Statistics of a call that was held back (under the lock)."""
+    cdef uint64_t nanoseconds = <uint64_t>(rate.waited * 1e9)
+    if rate.side == SIDE_INSERT:
+        limiter.insert_blocks += 1
+        limiter.insert_wait_ns += nanoseconds
+        limiter.insert_timeouts += gave_up
+    else:
+        limiter.sample_blocks += 1
+        limiter.sample_wait_ns += nanoseconds
+        limiter.sample_timeouts += gave_up
+
+
+cdef void rate_after_unlock(Limiter* limiter, RateCall* rate, int wake) noexcept nogil:
+    """Outside the lock: wake the gates that `rate_settle` said, or sleep on ours. The sleep
+    returns at once if the gate moved since it was marked (no wake-up is lost), else on a
+    wake-up, a signal or the end of the nap."""
+    if wake & WAKE_SAMPLERS:
+        gate_wake(&limiter.sample_gate)
+    if wake & WAKE_INSERTERS:
+        gate_wake(&limiter.insert_gate)
+    if rate.sleeping:
+        gate_wait(limiter_gate(limiter, rate.side), rate.seen, rate.nap)
+
+
+cdef dict limiter_state(const Header* h, const Limiter* limiter):
+    """The limiter's parameters, counts and statistics (lock-free loads; None without one)."""
+    if limiter.kind == LIMITER_NONE:
+        return None
+    # The base first: it only moves at a clear, to the count it is taken from, so the
+    # difference read after it is never negative.
+    cdef uint64_t insert_base = limiter.insert_base
+    cdef uint64_t sample_base = limiter.sample_base
+    cdef uint64_t inserts = h.rows_added - insert_base
+    cdef uint64_t samples = h.rows_sampled - sample_base
+    cdef uint64_t stored = h.stored_size
+    return {
+        "kind": LIMITER_KINDS.get(limiter.kind, f"unknown ({limiter.kind})"),
+        "samples_per_insert": limiter.samples_per_insert,
+        "min_size_to_sample": limiter.min_size_to_sample,
+        "min_diff": limiter.min_diff, "max_diff": limiter.max_diff,
+        "inserts": inserts, "samples": samples,
+        "diff": <double>inserts * limiter.samples_per_insert - <double>samples,
+        "can_insert": limiter_admits(limiter, SIDE_INSERT, <double>inserts, <double>samples,
+                                     stored, h.capacity, 1),
+        "can_sample": limiter_admits(limiter, SIDE_SAMPLE, <double>inserts, <double>samples,
+                                     stored, h.capacity, 1),
+        "insert_blocks": limiter.insert_blocks, "sample_blocks": limiter.sample_blocks,
+        "insert_wait_s": limiter.insert_wait_ns * 1e-9,
+        "sample_wait_s": limiter.sample_wait_ns * 1e-9,
+        "insert_timeouts": limiter.insert_timeouts, "sample_timeouts": limiter.sample_timeouts,
+    }
+
+
+def describe_limiter(state):
+    """'SampleToInsertRatio(samples_per_insert=..., ...)' from a limiter_state dict."""
+    return (f"{state['kind']}(samples_per_insert={state['samples_per_insert']:g}, "
+            f"min_size_to_sample={state['min_size_to_sample']}, min_diff={state['min_diff']:g}, "
+            f"max_diff={state['max_diff']:g})")
 
 
 # What one add call holds while it runs: one block, freed in one place.
@@ -288,6 +438,7 @@ cdef class ReplayStore:
         view_bind(&self.view, <uint8_t*>self._buffer.buf, self.columns.offsets,
                   self.columns.row_bytes, self.columns.count)
         header = self.view.header
+        self.check_limiter()
         self.prioritized = header.prioritized != 0
         priority_rule(&self.rule, header.alpha, header.eps, self.view.capacity)
         rng_seed(&self.rng, _seed_from(seed))
@@ -298,6 +449,27 @@ cdef class ReplayStore:
     def __dealloc__(self):
         if self._has_buffer:
             PyBuffer_Release(&self._buffer)
+
+    cdef int check_limiter(self) except -1:
+        """Refuse a limiter record that no constructor writes (its parameters steer waits)."""
+        cdef Limiter* limiter = self.view.limiter
+        cdef str problem = None
+        if limiter.kind == LIMITER_NONE:
+            return 0
+        if limiter.kind not in LIMITER_KINDS:
+            problem = f"kind {limiter.kind}"
+        elif not limiter.samples_per_insert > 0 or isnan(limiter.min_diff) or isnan(
+                limiter.max_diff) or not limiter.max_diff >= limiter.min_diff:
+            problem = (f"samples_per_insert {limiter.samples_per_insert}, min_diff "
+                       f"{limiter.min_diff}, max_diff {limiter.max_diff}")
+        elif not 1 <= limiter.min_size_to_sample <= <uint64_t>self.view.capacity:
+            problem = f"min_size_to_sample {limiter.min_size_to_sample}"
+        if problem is None:
+            return 0
+        PyBuffer_Release(&self._buffer)
+        self._has_buffer = False
+        raise ValueError(f"the buffer's segment is corrupt: its rate limiter record has "
+                         f"{problem}, which no constructor writes")
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -334,30 +506,89 @@ cdef class ReplayStore:
     cdef void leave(self) noexcept:
         self.active -= 1
 
-    cdef int64_t run(self, Kernel kernel, void* arguments) except? -1:
+    cdef int64_t run(self, Kernel kernel, void* arguments, RateCall* rate) except? -1:
         """THE driver: lock (in slices: signals and the deadline are looked at between two),
-        run `kernel` with the GIL released, unlock, raise for a negative Status."""
-        cdef int status
+        run `kernel` with the GIL released, unlock, raise for a negative Status.
+
+        `rate` (NULL for calls outside the limiter): while the kernel says ST_RATE_LIMITED,
+        sleep on the call's gate (one slice at most, woken by the other side's progress) and
+        run it again, until it goes through or its timeout has passed (TimeoutError); after a
+        call that went through, wake whoever waits for its progress."""
+        cdef int status, wake = 0
         cdef int64_t result = 0
         cdef double deadline = -1.0
+        cdef bint limited = rate != NULL and self.view.limited
         while True:
             with nogil:
                 status = store_lock(&self.view, LOCK_SLICE_S)
                 if status == ST_OK:
                     result = kernel(&self.view, arguments)
+                    if limited:
+                        wake = rate_settle(&self.view, rate, result)
                     store_unlock(&self.view)
-            if status != ST_LOCK_TIMEOUT:
-                break
-            PyErr_CheckSignals()       # Ctrl-C interrupts a wait (KeyboardInterrupt)
-            if deadline < 0:
-                deadline = time.monotonic() + self.lock_timeout - LOCK_SLICE_S
-            elif time.monotonic() >= deadline:
-                break
+                    if limited:
+                        rate_after_unlock(self.view.limiter, rate, wake)
+            if status == ST_LOCK_TIMEOUT:
+                PyErr_CheckSignals()       # Ctrl-C interrupts a wait (KeyboardInterrupt)
+                if deadline < 0:
+                    deadline = time.monotonic() + self.lock_timeout - LOCK_SLICE_S
+                elif time.monotonic() >= deadline:
+                    break
+                continue
+            if status == ST_OK and limited and rate.sleeping:
+                deadline = -1.0            # the lock came: its next wait has its own deadline
+                PyErr_CheckSignals()
+                if self.closing:
+                    raise ValueError("the buffer was closed while this call waited for its "
+                                     "rate limiter")
+                continue
+            break
         if status != ST_OK:
             raise_status(status, self)
+        if result == ST_RATE_LIMITED:
+            self.raise_rate_limited(rate)
         if result < 0:
             raise_status(result, self)
         return result
+
+    cdef int raise_rate_limited(self, RateCall* rate) except -1:
+        state = limiter_state(self.view.header, self.view.limiter)
+        if rate.side == SIDE_INSERT:
+            what = f"add of {rate.rows} row{'s' if rate.rows != 1 else ''}"
+            rule = (f"it lets an add of k rows go when the stored size after it is <= "
+                    f"min_size_to_sample, or (inserts + k) * samples_per_insert - samples <= "
+                    f"max_diff")
+            undone = "nothing was added"
+        else:
+            what = f"sample of {rate.rows} row{'s' if rate.rows != 1 else ''}"
+            rule = (f"it lets a sample of k rows go when the stored size is >= "
+                    f"min_size_to_sample and inserts * samples_per_insert - samples - k >= "
+                    f"min_diff")
+            undone = "nothing was sampled"
+        raise TimeoutError(
+            f"{what} held back by the rate limiter for {rate.waited:.3g} s (timeout="
+            f"{rate.timeout:g}): {describe_limiter(state)}; {rule}; now inserts="
+            f"{state['inserts']}, samples={state['samples']}, diff={state['diff']:g}, "
+            f"stored={self.view.header.stored_size}; {undone}")
+
+    cdef int check_admissible(self, int side, int64_t rows, str name) except -1:
+        """ValueError when no state of the limiter ever admits `rows` rows at once (waiting
+        would be forever); nothing is checked without a limiter."""
+        if not self.view.limited or not limiter_never_admits(
+                self.view.limiter, side, self.view.capacity, rows):
+            return 0
+        state = limiter_state(self.view.header, self.view.limiter)
+        if side == SIDE_SAMPLE:
+            raise ValueError(
+                f"{name} {rows} can never be sampled at once under {describe_limiter(state)}: "
+                f"a sample of k rows needs inserts * samples_per_insert - samples - k >= "
+                f"min_diff, and that diff never exceeds max(max_diff, min_size_to_sample * "
+                f"samples_per_insert); sample fewer rows or widen the error_buffer")
+        raise ValueError(
+            f"an add of {rows} rows can never be admitted at once under "
+            f"{describe_limiter(state)}: past min_size_to_sample it needs (inserts + k) * "
+            f"samples_per_insert - samples <= max_diff, and the diff never falls below "
+            f"min(0, min_diff); add fewer rows at a time or widen the error_buffer")
 
     # -- header fields, read without the lock (aligned 8-byte loads never tear) -----------------
 
@@ -387,12 +618,27 @@ cdef class ReplayStore:
         return self.header().repairs
 
     def counters(self):
-        """The header's counters and sizes as a dict (no lock: each is one aligned load)."""
+        """The header's counters and sizes and the rate limiter's state, as a dict.
+
+        No lock: each field is one aligned 8-byte load, exact on its own; two fields may be
+        from moments a call apart. "rate_limiter" is None without a limiter. "lock_holder" is
+        the thread id in the lock word (0 when free)."""
         cdef Header* h = self.header()
         return {"inserts": h.rows_added, "samples": h.rows_sampled, "updates": h.updates,
                 "repairs": h.repairs, "lock_waits": h.lock_waits, "stored": h.stored_size,
                 "capacity": h.capacity, "next_index": h.next_index,
-                "max_priority": h.max_priority}
+                "max_priority": h.max_priority, "lock_holder": mutex_holder(self.view.mutex),
+                "rate_limiter": limiter_state(h, self.view.limiter)}
+
+    def limiter_record(self):
+        """(kind name, samples_per_insert, min_size_to_sample, min_diff, max_diff) of the
+        segment's rate limiter, or None: what a view rebuilds its limiter object from."""
+        self.header()
+        cdef Limiter* limiter = self.view.limiter
+        if limiter.kind == LIMITER_NONE:
+            return None
+        return (LIMITER_KINDS[limiter.kind], limiter.samples_per_insert,
+                limiter.min_size_to_sample, limiter.min_diff, limiter.max_diff)
 
     def lock_owner(self):
         """Thread id in the lock word (0 when free), so that attach can refuse a lock held by a
@@ -425,22 +671,25 @@ cdef class ReplayStore:
 
     # -- add ----------------------------------------------------------------------------------
 
-    def add(self, values, priorities=None):
-        """add(values, priorities=None) -> int: the first slot written.
+    def add(self, values, priorities=None, timeout=None):
+        """add(values, priorities=None, timeout=None) -> int: the first slot written.
 
         `values`: one value per column, in column order: arrays of the row or batch shape of
         any same_kind-castable dtype and any strides, Python or numpy scalars, or lists.
         Converted here (plain numeric dtypes without numpy's help), validated in full before
-        anything is written."""
+        anything is written. `timeout`: seconds the rate limiter may hold the add back (None:
+        no limit; 0: never wait), then TimeoutError with nothing added."""
+        cdef double seconds = _rules.as_timeout(timeout)
         self.enter()
         try:
-            return self._add(values, priorities)
+            return self._add(values, priorities, seconds)
         finally:
             self.leave()
 
-    cdef object _add(self, values, priorities):
+    cdef object _add(self, values, priorities, double timeout):
         cdef AddFrame frame
         cdef AddArguments arguments
+        cdef RateCall rate
         cdef int64_t count
         cdef double* priority_pointer = NULL
         cdef double* weights = NULL
@@ -458,32 +707,37 @@ cdef class ReplayStore:
                 if weights == NULL:
                     raise MemoryError()
                 self.weigh(priority_pointer, weights, count, "priorities")
+            self.check_admissible(SIDE_INSERT, count, "add")
             arguments.sources = frame.pointers
             arguments.count = count
             arguments.priorities = priority_pointer
             arguments.weights = weights
-            return self.run(add_kernel, &arguments)
+            rate_start(&rate, SIDE_INSERT, count, timeout)
+            return self.run(add_kernel, &arguments, &rate)
         finally:
             self.columns.close_frame(&frame)
 
     # -- sample -------------------------------------------------------------------------------
 
-    def sample(self, int64_t batch, double beta, out=None):
-        """sample(batch, beta, out=None) -> dict: every column (batch, *shape), then "indexes"
-        (int64), "weights" (float32) and "generations" (uint64).
+    def sample(self, int64_t batch, double beta, out=None, timeout=None):
+        """sample(batch, beta, out=None, timeout=None) -> dict: every column (batch, *shape),
+        then "indexes" (int64), "weights" (float32) and "generations" (uint64).
 
         Fresh arrays, or the arrays of `out` (a dict with those keys, each C-contiguous, of
-        that dtype and shape), filled in place and returned in a new dict."""
+        that dtype and shape), filled in place and returned in a new dict. `timeout` as for
+        add()."""
+        cdef double seconds = _rules.as_timeout(timeout)
         self.enter()
         try:
-            return self._sample(batch, beta, out)
+            return self._sample(batch, beta, out, seconds)
         finally:
             self.leave()
 
-    cdef object _sample(self, int64_t batch, double beta, out):
+    cdef object _sample(self, int64_t batch, double beta, out, double timeout):
         cdef int n = self.columns.count
         cdef int count = n + 3, c
         cdef SampleArguments arguments
+        cdef RateCall rate
         cdef Py_buffer* views
         cdef uint8_t** pointers
         cdef int acquired = 0
@@ -491,6 +745,7 @@ cdef class ReplayStore:
         cdef ColumnTable columns = self.columns
         if batch <= 0:
             raise ValueError(f"batch_size must be > 0; got {batch}")
+        self.check_admissible(SIDE_SAMPLE, batch, "batch_size")
         if out is None:
             for c in range(n):
                 result[columns.names[c]] = _empty((batch,) + <tuple>columns.shapes[c],
@@ -525,7 +780,8 @@ cdef class ReplayStore:
             arguments.weights = <float*>pointers[n + 1]
             arguments.generations = <uint64_t*>pointers[n + 2]
             arguments.outputs = pointers
-            self.run(sample_kernel, &arguments)
+            rate_start(&rate, SIDE_SAMPLE, batch, timeout)
+            self.run(sample_kernel, &arguments, &rate)
             return result
         finally:
             for c in range(acquired):
@@ -629,7 +885,7 @@ cdef class ReplayStore:
             arguments.generations = (<const uint64_t*>generation_view.buf if held >= 3
                                      else NULL)
             arguments.count = count
-            return self.run(update_kernel, &arguments)
+            return self.run(update_kernel, &arguments, NULL)
         finally:
             free(scratch)
             if held >= 3:
@@ -641,10 +897,13 @@ cdef class ReplayStore:
     # -- whole buffer -------------------------------------------------------------------------
 
     def clear(self):
-        """Forget every row (generations move on, so old samples cannot update new rows)."""
+        """Forget every row (generations move on, so old samples cannot update new rows); the
+        rate limiter counts again from zero, and both of its sides are woken."""
+        cdef RateCall rate
+        rate_start(&rate, SIDE_RESET, 0, 0.0)
         self.enter()
         try:
-            self.run(clear_kernel, NULL)
+            self.run(clear_kernel, NULL, &rate)
         finally:
             self.leave()
 
@@ -668,7 +927,7 @@ cdef class ReplayStore:
             arguments.outputs = pointers
             arguments.indexes = <int64_t*>pointers[n]
             arguments.leaves = <double*>pointers[n + 1]
-            return self.run(snapshot_kernel, &arguments)
+            return self.run(snapshot_kernel, &arguments, NULL)
         finally:
             for c in range(acquired):
                 PyBuffer_Release(&views[c])
@@ -688,7 +947,7 @@ cdef class ReplayStore:
             mins_view = mins
             arguments.sums = &sums_view[0]
             arguments.mins = &mins_view[0]
-            self.run(tree_kernel, &arguments)
+            self.run(tree_kernel, &arguments, NULL)
             return arguments.root_sum, sums, arguments.root_min, mins
         finally:
             self.leave()

@@ -1,6 +1,7 @@
 # cython: language_level=3
 # A process-shared, robust pthread mutex that lives inside the segment it guards.
 
+from libc.stdint cimport uint32_t
 from posix.time cimport timespec
 
 cdef extern from "<pthread.h>" nogil:
@@ -44,6 +45,12 @@ cdef int mutex_timedlock(pthread_mutex_t* mutex, double seconds) noexcept nogil
 cdef int mutex_holder(const pthread_mutex_t* mutex) noexcept nogil
 cdef int mutex_unlock(pthread_mutex_t* mutex) noexcept nogil
 cdef int mutex_consistent(pthread_mutex_t* mutex) noexcept nogil
+
+# Futex waits on a 32-bit word in the segment (shared, not FUTEX_PRIVATE: the waker is
+# usually another process), for the rate limiter's gates.
+cdef void gate_wait(uint32_t* gate, uint32_t seen, double seconds) noexcept nogil
+cdef void gate_wake(uint32_t* gate) noexcept nogil
+cdef double monotonic_seconds() noexcept nogil
 
 cdef class SharedMutex:
     cdef pthread_mutex_t* mutex

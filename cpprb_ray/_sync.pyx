@@ -5,12 +5,15 @@ It lives in the segment itself (PTHREAD_PROCESS_SHARED), so no manager process o
 needed, and it is robust (PTHREAD_MUTEX_ROBUST): when a holder dies, the next locker gets
 EOWNERDEAD at once instead of waiting forever, repairs what the dead holder left half done and
 marks the mutex consistent. Waiting always happens with the GIL released.
+
+It also holds the futex calls that the rate limiter's blocked calls sleep on (``gate_wait``,
+``gate_wake``): a 32-bit word in the segment that every add or sample advances.
 """
 
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
-from libc.stdint cimport uintptr_t
-from posix.time cimport CLOCK_REALTIME, clock_gettime
+from libc.stdint cimport uint32_t, uintptr_t
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime
 from libc.string cimport memset
 
 cdef extern from *:
@@ -20,7 +23,41 @@ cdef extern from *:
        fit the 64 bytes a segment reserves for it (MUTEX_BYTES) cannot build us at all. */
     _Static_assert(sizeof(pthread_mutex_t) <= 64,
                    "pthread_mutex_t outgrew the 64 bytes a segment reserves for it");
+
+    #include <limits.h>
+    #include <stdint.h>
+    #include <time.h>
+    #if defined(__linux__)
+    #include <linux/futex.h>
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    #endif
+    /* Sleep while *gate == seen, at most `seconds`: returns at once if it differs already (no
+       wake-up lost between the caller's unlock and this), on a wake, a signal or the time.
+       FUTEX_WAIT, not FUTEX_WAIT_PRIVATE: the word is in memory other processes map, and their
+       FUTEX_WAKE must reach us. Elsewhere than Linux: the caller's slices poll. */
+    static void cpprb_ray_gate_wait(uint32_t* gate, uint32_t seen, double seconds) {
+        struct timespec timeout;
+        if (!(seconds > 0.0)) return;
+        timeout.tv_sec = (time_t)seconds;
+        timeout.tv_nsec = (long)((seconds - (double)timeout.tv_sec) * 1e9);
+    #if defined(__linux__)
+        syscall(SYS_futex, gate, FUTEX_WAIT, seen, &timeout, NULL, 0);
+    #else
+        if (__atomic_load_n(gate, __ATOMIC_ACQUIRE) == seen) nanosleep(&timeout, NULL);
+    #endif
+    }
+    static void cpprb_ray_gate_wake(uint32_t* gate) {
+    #if defined(__linux__)
+        syscall(SYS_futex, gate, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    #else
+        (void)gate;
+    #endif
+    }
     """
+    void futex_sleep "cpprb_ray_gate_wait"(uint32_t* gate, uint32_t seen,
+                                           double seconds) noexcept nogil
+    void futex_wake_all "cpprb_ray_gate_wake"(uint32_t* gate) noexcept nogil
 
 MUTEX_NBYTES = MUTEX_BYTES
 
@@ -181,3 +218,21 @@ cdef class SharedMutex:
         status = mutex_unlock(self.mutex)
         if status:
             raise OSError(status, "pthread_mutex_unlock failed")
+
+
+# -- gates: futex words for the rate limiter -----------------------------------------------------
+
+cdef void gate_wait(uint32_t* gate, uint32_t seen, double seconds) noexcept nogil:
+    """Sleep while the word at `gate` is still `seen`, at most `seconds` (one slice)."""
+    futex_sleep(gate, seen, seconds)
+
+
+cdef void gate_wake(uint32_t* gate) noexcept nogil:
+    """Wake every thread of every process asleep on `gate`."""
+    futex_wake_all(gate)
+
+
+cdef double monotonic_seconds() noexcept nogil:
+    cdef timespec now
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return now.tv_sec + now.tv_nsec * 1e-9

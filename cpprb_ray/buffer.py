@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
-from cpprb_ray import _layout, _memory, _rules, _store, nstep
+from cpprb_ray import _layout, _memory, _rules, _store, nstep, rate_limiters
 from cpprb_ray._ownership import Ownership
 
 __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
@@ -59,6 +60,11 @@ class ReplayBuffer:
         ``{"size": n, "gamma": g, "rew": key(s), "next": key(s)}``: store n-step transitions
         (needs a "done" column; samples gain "discounts", g**m per row). Each handle stages its
         own stream's last steps; see :mod:`cpprb_ray.nstep` and docs/nstep.md.
+    rate_limiter : cpprb_ray.MinSize or cpprb_ray.SampleToInsertRatio, optional
+        Reverb's limiters, kept in the segment: every process's adds and samples are held to
+        it, and ``add(..., timeout=)`` / ``sample(..., timeout=)`` wait while it holds them
+        back (see :mod:`cpprb_ray.rate_limiters` and docs/rate_limiting.md). None (the
+        default): no limiter, no cost.
 
     Raises
     ------
@@ -87,19 +93,22 @@ class ReplayBuffer:
     def __init__(self, size: int, env_dict: Mapping[str, Any], *, backend: str = "auto",
                  name: Optional[str] = None, path: Optional[PathLike] = None,
                  seed: Optional[int] = None, lock_timeout: float = 60.0,
-                 Nstep: Optional[Mapping[str, Any]] = None) -> None:
+                 Nstep: Optional[Mapping[str, Any]] = None,
+                 rate_limiter: Optional[rate_limiters.RateLimiter] = None) -> None:
         self._create(size, env_dict, backend, name, path, seed, alpha=0.0, eps=0.0,
-                     lock_timeout=lock_timeout, Nstep=Nstep)
+                     lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter)
 
     # -- construction helpers ---------------------------------------------------------------------
 
     def _create(self, size: Any, env_dict: Mapping[str, Any], backend: str, name: Optional[str],
                 path: Optional[PathLike], seed: Optional[int], *, alpha: float,
                 eps: float, lock_timeout: float,
-                Nstep: Optional[Mapping[str, Any]] = None) -> None:
+                Nstep: Optional[Mapping[str, Any]] = None,
+                rate_limiter: Optional[rate_limiters.RateLimiter] = None) -> None:
         capacity = _as_count(size, "size")
         if capacity <= 0:
             raise ValueError(f"size must be > 0; got {capacity}")
+        limiter = rate_limiters.check_rate_limiter(rate_limiter, capacity)
         columns, nstep_config = nstep.plan_columns(_layout.parse_env_dict(env_dict), Nstep)
         backend = _memory.resolve_backend(backend)
         if path is not None and backend != "mmap":
@@ -116,7 +125,8 @@ class ReplayBuffer:
                 prioritized=self._prioritized, alpha=alpha, eps=eps, owner_pid=os.getpid(),
                 layout_json=layout.to_json(), data_offset=layout.data_offset,
                 tree_offset=layout.tree_offset,
-                row_stride=layout.row_stride, created_ns=time.time_ns())
+                row_stride=layout.row_stride, created_ns=time.time_ns(),
+                limiter=None if limiter is None else limiter.record())
             self._bind(segment, layout, owner=True, seed=seed, lock_timeout=lock_timeout)
         except BaseException:
             store = getattr(self, "_store", None)
@@ -352,12 +362,17 @@ class ReplayBuffer:
         raise ValueError(f"add needs exactly the columns {sorted(self._column_names)}; "
                          f"missing {missing}, unknown {unknown}")
 
-    def add(self, **columns: Any) -> int:
-        """add(**columns) -> int: store one transition or a batch; returns the first slot written.
+    def add(self, *, timeout: Optional[float] = None, **columns: Any) -> int:
+        """add(*, timeout=None, **columns) -> int: store one transition or a batch; returns the
+        first slot written.
 
         Every env_dict key is required and no other is accepted. A single transition may omit
         the batch axis. Values are cast to the column dtype where numpy's same_kind casting
         allows, else TypeError. When full, the oldest rows are overwritten.
+
+        With a ``rate_limiter``, the add (all its rows, as one step) waits while the limiter
+        holds it back: at most `timeout` seconds (None: as long as it takes; 0: not at all),
+        then TimeoutError, with nothing added. Without one, `timeout` is checked and unused.
 
         Examples
         --------
@@ -372,13 +387,15 @@ class ReplayBuffer:
         transitions it completed, or None when it completed none.
         """
         if self._nstep is not None:
-            return self._nstep.add(self, columns)  # type: ignore[return-value]
-        return self._store.add(self._values(columns))
+            return self._nstep.add(self, columns, None, timeout)  # type: ignore[return-value]
+        return self._store.add(self._values(columns), None, timeout)
 
-    def _commit_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray]) -> int:
+    def _commit_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
+                     timeout: Optional[float] = None) -> int:
         """Store rows the N-step staging finished: every column (discounts included) already of
         its dtype, C-contiguous, of shape (count, *shape); ONE store add."""
-        return int(self._store.add([rows[name] for name in self._column_order], priorities))
+        return int(self._store.add([rows[name] for name in self._column_order], priorities,
+                                   timeout))
 
     # -- sample -------------------------------------------------------------------------------
 
@@ -389,11 +406,16 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be > 0; got {batch_size}")
         return batch_size
 
-    def sample(self, batch_size: int) -> Dict[str, np.ndarray]:
-        """sample(batch_size) -> dict: uniform sample with replacement.
+    def sample(self, batch_size: int, *, timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
+        """sample(batch_size, *, timeout=None) -> dict: uniform sample with replacement.
 
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
-        (int64) and "generations" (uint64). Raises ValueError when the buffer is empty.
+        (int64) and "generations" (uint64). Raises ValueError when the buffer is empty (with a
+        rate limiter, an empty buffer is one the limiter holds samples back from instead).
+
+        With a ``rate_limiter``, the sample (all `batch_size` rows, as one step) waits while
+        the limiter holds it back: at most `timeout` seconds (None: as long as it takes; 0: not
+        at all), then TimeoutError, with nothing sampled.
 
         Examples
         --------
@@ -404,7 +426,7 @@ class ReplayBuffer:
         ...     print(sorted(batch), batch["obs"].shape, batch["indexes"].dtype)
         ['generations', 'indexes', 'obs'] (5, 2) int64
         """
-        result = self._store.sample(self._check_batch(batch_size), 0.0)
+        result = self._store.sample(self._check_batch(batch_size), 0.0, None, timeout)
         del result["weights"]
         return result
 
@@ -426,11 +448,13 @@ class ReplayBuffer:
         if self._nstep is not None:
             self._nstep.clear()
 
-    def on_episode_end(self) -> None:
+    def on_episode_end(self, *, timeout: Optional[float] = None) -> None:
         """End the current episode (truncated): commit the steps staged for N-step returns.
 
         They bootstrap from the last step's next state (done stays 0). Without ``Nstep``, and
-        after a step with done=1 (which commits at once), there is nothing to do.
+        after a step with done=1 (which commits at once), there is nothing to do. With a
+        ``rate_limiter``, the commit waits as :meth:`add` does (`timeout` alike); on
+        TimeoutError the steps stay staged.
 
         Examples
         --------
@@ -442,7 +466,7 @@ class ReplayBuffer:
         1
         """
         if self._nstep is not None:
-            self._nstep.flush(self)
+            self._nstep.flush(self, timeout)
 
     def get_all_transitions(self) -> Dict[str, np.ndarray]:
         """Copies of every stored row, in slot order (rows torn by a crashed writer left out).
@@ -470,7 +494,9 @@ class ReplayBuffer:
         Idempotent. A view's close never frees the memory, and neither does the owner's when
         the name now holds another buffer (the segment's token differs: ours was removed and
         somebody made a new one under the name). With ``Nstep``, the steps this
-        handle staged are committed first, as a truncated episode end (as :meth:`on_episode_end`).
+        handle staged are committed first, as a truncated episode end (as :meth:`on_episode_end`)
+        if the rate limiter (if any) lets them in at once; else they are dropped with a
+        RuntimeWarning (call :meth:`on_episode_end` with a timeout first to wait for it).
 
         Examples
         --------
@@ -491,7 +517,7 @@ class ReplayBuffer:
                 return
             try:
                 if self._nstep is not None:
-                    self._nstep.flush(self)
+                    self._flush_on_close()
             finally:  # a failed flush still closes
                 self._store.release()
                 self._segment.close()
@@ -500,6 +526,92 @@ class ReplayBuffer:
                 if self._ownership is not None:
                     # Frees in the creating process only, and only our own segment.
                     self._ownership.free()
+
+    def _flush_on_close(self) -> None:
+        # No wait: a close must not hang on a learner that stopped sampling.
+        staged = self._nstep.staged if self._nstep is not None else 0
+        try:
+            self._nstep.flush(self, 0)  # type: ignore[union-attr]
+        except TimeoutError:
+            self._nstep.clear()  # type: ignore[union-attr]
+            warnings.warn(f"close(): the rate limiter held back the {staged} N-step step(s) "
+                          f"this handle had staged; they were dropped (call "
+                          f"on_episode_end(timeout=...) before close() to wait for it)",
+                          RuntimeWarning, stacklevel=3)
+
+    # -- statistics ---------------------------------------------------------------------------
+
+    @property
+    def rate_limiter(self) -> Optional[rate_limiters.RateLimiter]:
+        """The buffer's rate limiter (read from the segment, so views have it too), or None.
+
+        Examples
+        --------
+        >>> from cpprb_ray import MinSize, ReplayBuffer
+        >>> with ReplayBuffer(8, {"obs": {}}, rate_limiter=MinSize(2)) as rb:
+        ...     with ReplayBuffer.attach(rb.name) as view:
+        ...         print(view.rate_limiter)
+        MinSize(2)
+        """
+        return rate_limiters.from_record(self._store.limiter_record())
+
+    def stats(self) -> Dict[str, Any]:
+        """stats() -> dict: what the buffer has done, as every process sees it.
+
+        Cheap (no lock; each count is one aligned load, exact on its own, while two counts may
+        be from moments a call apart), so it can be polled every second from any process:
+
+        ``inserts``, ``samples``
+            Rows ever added (those of an add that a repair rolled back do not count) and rows
+            ever sampled (a sample(256) counts 256).
+        ``updates``
+            Priorities ever applied by update_priorities (entries skipped as stale do not count).
+        ``repairs``
+            Times a process died holding the lock and the next one repaired after it: > 0 means
+            a writer or learner crashed mid-call.
+        ``stored``, ``capacity``, ``fill``, ``next_index``
+            Rows held, the buffer's size, their ratio, the slot the next add writes first.
+        ``max_priority``
+            The largest priority seen (prioritized buffers; None for a uniform one).
+        ``lock_waits``
+            Lock acquisitions that found the lock held (contention).
+        ``lock_holder``
+            The thread id holding the lock now (0: free); one that never changes over seconds
+            is a process stopped (SIGSTOP, a debugger) inside a call.
+        ``nstep_staged``
+            With ``Nstep``: steps THIS handle has staged (not in the segment yet); else absent.
+        ``rate_limiter``
+            None, or a dict: ``kind``, ``samples_per_insert``, ``min_size_to_sample``,
+            ``min_diff``, ``max_diff``; ``inserts`` and ``samples`` since creation or the last
+            clear, and ``diff = inserts * samples_per_insert - samples``; ``can_insert`` and
+            ``can_sample`` (whether a one-row add or sample would go now); ``insert_blocks``,
+            ``sample_blocks`` (calls it held back at least once), ``insert_wait_s``,
+            ``sample_wait_s`` (seconds they were held back, counted when they went through or
+            gave up), ``insert_timeouts``, ``sample_timeouts`` (calls that gave up with
+            TimeoutError, timeout=0 included).
+
+        Examples
+        --------
+        >>> from cpprb_ray import PrioritizedReplayBuffer, SampleToInsertRatio
+        >>> limiter = SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=2,
+        ...                               error_buffer=8)
+        >>> with PrioritizedReplayBuffer(16, {"obs": {}}, rate_limiter=limiter) as rb:
+        ...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+        ...     _ = rb.sample(4)
+        ...     stats = rb.stats()
+        >>> stats["inserts"], stats["samples"], stats["stored"], stats["fill"]
+        (3, 4, 3, 0.1875)
+        >>> limited = stats["rate_limiter"]
+        >>> limited["kind"], limited["diff"], limited["can_insert"], limited["can_sample"]
+        ('SampleToInsertRatio', -1.0, True, True)
+        """
+        counters = self._store.counters()
+        counters["fill"] = counters["stored"] / counters["capacity"]
+        if not self._prioritized:
+            counters["max_priority"] = None
+        if self._nstep is not None:
+            counters["nstep_staged"] = self._nstep.staged
+        return counters
 
     def __enter__(self):
         return self
@@ -516,7 +628,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     Parameters
     ----------
-    size, env_dict, backend, name, path, seed, Nstep
+    size, env_dict, backend, name, path, seed, Nstep, rate_limiter
         As for :class:`ReplayBuffer`. With ``Nstep``, the priorities given with a step go
         into the segment with that step's n-step transition.
     alpha : float
@@ -542,7 +654,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def __init__(self, size: int, env_dict: Mapping[str, Any], *, alpha: float = 0.6,
                  eps: float = 1e-4, backend: str = "auto", name: Optional[str] = None,
                  path: Optional[PathLike] = None, seed: Optional[int] = None,
-                 lock_timeout: float = 60.0, Nstep: Optional[Mapping[str, Any]] = None) -> None:
+                 lock_timeout: float = 60.0, Nstep: Optional[Mapping[str, Any]] = None,
+                 rate_limiter: Optional[rate_limiters.RateLimiter] = None) -> None:
         alpha = _as_real(alpha, "alpha")
         eps = _as_real(eps, "eps")
         if alpha < 0:
@@ -552,13 +665,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size > 0:
             _rules.check_alpha_eps(alpha, eps, int(size))
         self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps,
-                     lock_timeout=lock_timeout, Nstep=Nstep)
+                     lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter)
 
-    def add(self, *, priorities: Any = None, **columns: Any) -> int:
-        """add(*, priorities=None, **columns) -> int: store rows; returns the first slot written.
+    def add(self, *, priorities: Any = None, timeout: Optional[float] = None,
+            **columns: Any) -> int:
+        """add(*, priorities=None, timeout=None, **columns) -> int: store rows; returns the first
+        slot written.
 
         Without `priorities`, new rows get the largest priority seen so far (1.0 at first).
-        Priorities must be finite and >= 0, one per row.
+        Priorities must be finite and >= 0, one per row. `timeout`: as for
+        :meth:`ReplayBuffer.add` (how long a rate limiter may hold the add back).
 
         Examples
         --------
@@ -574,8 +690,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         completed, or None.
         """
         if self._nstep is not None:
-            return self._nstep.add(self, columns, priorities)  # type: ignore[return-value]
-        return self._store.add(self._values(columns), priorities)
+            return self._nstep.add(self, columns, priorities,  # type: ignore[return-value]
+                                   timeout)
+        return self._store.add(self._values(columns), priorities, timeout)
 
     def _step_priorities(self, priorities: Any, count: int) -> np.ndarray:
         """The N-step staging's check of the priorities given with `count` steps."""
@@ -584,12 +701,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return array
 
     def sample(self, batch_size: int, beta: float = 0.4, *,
-               out: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
-        """sample(batch_size, beta=0.4) -> dict: stratified proportional sample with replacement.
+               out: Optional[Dict[str, np.ndarray]] = None,
+               timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
+        """sample(batch_size, beta=0.4, *, out=None, timeout=None) -> dict: stratified
+        proportional sample with replacement.
 
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
         (int64), "weights" (float32, ``(N P(i))**-beta / max_j (N P(j))**-beta``) and
-        "generations" (uint64, for :meth:`update_priorities`). Raises ValueError when empty.
+        "generations" (uint64, for :meth:`update_priorities`). Raises ValueError when empty
+        (without a rate limiter). `timeout`: as for :meth:`ReplayBuffer.sample` (how long a
+        rate limiter may hold the sample back).
 
         Examples
         --------
@@ -606,7 +727,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             beta = _as_real(beta, "beta")
             if beta < 0:
                 raise ValueError(f"beta must be >= 0; got {beta}")
-        return self._store.sample(batch, beta, out)
+        return self._store.sample(batch, beta, out, timeout)
 
     def update_priorities(self, indexes: Any, priorities: Any,
                           generations: Any = None) -> int:

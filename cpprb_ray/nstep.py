@@ -327,7 +327,9 @@ class NstepStaging:
 
     The staging holds no reference to its buffer (no cycle that would delay freeing an owner's
     segment); every call that commits gets the buffer as `sink`, which provides
-    ``sink._commit_rows(arrays_by_name, priorities_or_None) -> first slot`` (ONE store add),
+    ``sink._commit_rows(arrays_by_name, priorities_or_None, timeout) -> first slot`` (ONE store
+    add; `timeout` is how long a rate limiter may hold it back, and a TimeoutError there leaves
+    the staging as it was before the call),
     and on a prioritized buffer ``sink._step_priorities(priorities, count) -> float64 array``
     (validation) and ``sink.get_max_priority()``; ``sink.closed`` refuses adds to a closed
     buffer.
@@ -350,7 +352,7 @@ class NstepStaging:
     >>> class Sink:
     ...     closed = False
     ...     committed = []
-    ...     def _commit_rows(self, rows, priorities):
+    ...     def _commit_rows(self, rows, priorities, timeout=None):
     ...         self.committed.append(rows)
     ...         return 0
     >>> staging = NstepStaging(config, columns, prioritized=False)
@@ -472,10 +474,13 @@ class NstepStaging:
             self._set_storage(capacity, storage, priorities)
         self._head, self._tail = 0, staged
 
-    def add(self, sink: Any, values: Mapping[str, Any], priorities: Any = None) -> Optional[int]:
+    def add(self, sink: Any, values: Mapping[str, Any], priorities: Any = None,
+            timeout: Optional[float] = None) -> Optional[int]:
         """Stage one step or a batch of consecutive steps; commit the transitions they finish.
 
-        Returns the first slot written, or None when no row was committed.
+        Returns the first slot written, or None when no row was committed. `timeout` goes to
+        the commit (a rate limiter's wait); when it expires, the steps given are not staged
+        and nothing is committed.
 
         Examples
         --------
@@ -507,11 +512,13 @@ class NstepStaging:
                         self._tail = tail + 1
                         return None
                     if self._scalar_rewards:
-                        first = self._commit_full_window(sink)
+                        first = self._commit_full_window(sink, timeout)
                         self._tail = tail + 1
                         return first
-                    return self._commit_ready(sink, np.empty(0, dtype=np.int64), tail + 1)
-                return self._commit_ready(sink, np.array([tail], dtype=np.int64), tail + 1)
+                    return self._commit_ready(sink, np.empty(0, dtype=np.int64), tail + 1,
+                                              timeout)
+                return self._commit_ready(sink, np.array([tail], dtype=np.int64), tail + 1,
+                                          timeout)
             arrays, count = cast_steps(self._user_columns, values)
             if priorities is not None:
                 priorities = sink._step_priorities(priorities, count)
@@ -522,7 +529,7 @@ class NstepStaging:
                 self._storage[name][tail:new_tail] = array
             self._priorities[tail:new_tail] = np.nan if priorities is None else priorities
             ends = tail + np.flatnonzero(arrays[self._done_index].reshape(-1))
-            return self._commit_ready(sink, ends, new_tail)
+            return self._commit_ready(sink, ends, new_tail, timeout)
 
     def _stage_one(self, values: Mapping[str, Any], tail: int) -> bool:
         """Write one step at `tail` when every value is a Python or numpy scalar (one-number
@@ -560,10 +567,11 @@ class NstepStaging:
             return False
         return True
 
-    def flush(self, sink: Any) -> Optional[int]:
+    def flush(self, sink: Any, timeout: Optional[float] = None) -> Optional[int]:
         """End the episode: commit every staged step, bootstrapping from the last next state.
 
-        Returns the first slot written, or None when nothing was staged.
+        Returns the first slot written, or None when nothing was staged. `timeout` as for
+        :meth:`add` (on expiry the steps stay staged).
 
         Examples
         --------
@@ -583,7 +591,7 @@ class NstepStaging:
             if self._tail == self._head:
                 return None
             return self._commit_ready(sink, np.array([self._tail - 1], dtype=np.int64),
-                                      self._tail)
+                                      self._tail, timeout)
 
     def clear(self) -> None:
         """Drop the staged steps without committing them.
@@ -603,7 +611,7 @@ class NstepStaging:
             self._head = self._tail = 0
             self._fork_epoch = _FORKS[0]
 
-    def _commit_full_window(self, sink: Any) -> int:
+    def _commit_full_window(self, sink: Any, timeout: Optional[float]) -> int:
         """The common single-step case: the oldest staged step's window just filled (n steps,
         no episode end), so every column is one row and each reward a sum of n Python floats.
         The arrays given to the commit are views and scratch, consumed before it returns (the
@@ -630,7 +638,7 @@ class NstepStaging:
         priorities = None
         if self._prioritized and not math.isnan(self._priorities[head]):
             priorities = self._priorities[head:head + 1]
-        first = sink._commit_rows(rows, priorities)
+        first = sink._commit_rows(rows, priorities, timeout)
         self._head = head + 1
         return first
 
@@ -648,7 +656,8 @@ class NstepStaging:
         filled[missing] = sink.get_max_priority()
         return filled
 
-    def _commit_ready(self, sink: Any, ends: np.ndarray, new_tail: int) -> Optional[int]:
+    def _commit_ready(self, sink: Any, ends: np.ndarray, new_tail: int,
+                      timeout: Optional[float]) -> Optional[int]:
         """Commit every step whose window is complete: those up to the last episode end in
         `ends` (ascending positions of terminal or truncating steps) and those with n steps
         after them; keep the rest (at most n - 1) staged. Rolls nothing forward on failure."""
@@ -678,7 +687,7 @@ class NstepStaging:
                     total += weight * storage[name][head + k:ready + k].astype(_FLOAT64)
                 rows[name] = total.astype(storage[name].dtype)
             rows[DISCOUNTS] = np.full((ready - head, 1), self._powers[size], dtype=_FLOAT32)
-        first = sink._commit_rows(rows, self._priorities_of(sink, head, ready))
+        first = sink._commit_rows(rows, self._priorities_of(sink, head, ready), timeout)
         self._head = ready
         self._tail = new_tail
         if ready == new_tail:

@@ -74,7 +74,12 @@ CASES = {
                          "store_add"),
     "update": (cpprb_ray.PrioritizedReplayBuffer, 8, 5, "update", "store_update"),
     "clear": (cpprb_ray.PrioritizedReplayBuffer, 5, 0, "clear", "store_clear"),
+    # With a rate limiter: its counts derive from rows_added and rows_sampled, so a rolled-back
+    # add must take its inserts back, and a repaired clear must start them from zero.
+    "add-limited": (cpprb_ray.PrioritizedReplayBuffer, 6, 4, "add-priorities", "store_add"),
+    "clear-limited": (cpprb_ray.PrioritizedReplayBuffer, 5, 0, "clear", "store_clear"),
 }
+LIMITED = {"add-limited", "clear-limited"}
 
 
 def prioritized(rb) -> bool:
@@ -83,12 +88,15 @@ def prioritized(rb) -> bool:
 
 def fresh_buffer(case: str):
     kind, prefill = CASES[case][:2]
-    rb = kind(CAPACITY, ENV, backend="mmap")
+    limiter = cpprb_ray.SampleToInsertRatio(1.0, 2, 100.0) if case in LIMITED else None
+    rb = kind(CAPACITY, ENV, backend="mmap", rate_limiter=limiter)
     extra: Dict[str, Any] = {}
     if prioritized(rb):
         extra["priorities"] = np.linspace(1.0, 2.0, prefill)
     try:
         rb.add(**rows(0, prefill), **extra)
+        if limiter is not None:
+            rb.sample(3)   # so that the limiter's sample count is not 0 either
     except BaseException:
         rb.close()
         raise
@@ -107,6 +115,11 @@ def fingerprint(rb) -> Dict[str, Any]:
         "stored_size": stored,
         "slots": tuple(next(serials) if odd == 0 else "torn" for odd in parity)}
     assert next(serials, None) is None
+    limiter = rb.stats()["rate_limiter"]
+    if limiter is not None:
+        # (compared with the states the operation allows: an add rolled back has the inserts
+        # of before it, a clear repaired or done has 0 and 0)
+        state["limiter"] = (limiter["inserts"], limiter["samples"])
     if prioritized(rb):
         tree = rb._store.check_tree()
         assert _workers.tree_problems(tree) == []
@@ -240,7 +253,8 @@ rb.close()
 """
 
 
-@pytest.mark.parametrize("case", ["add-priorities", "add-uniform", "clear"])
+@pytest.mark.parametrize("case", ["add-priorities", "add-uniform", "clear", "add-limited",
+                                  "clear-limited"])
 def test_repairer_killed_at_every_instruction(case):
     """Repair is idempotent: a repairer killed at any instruction of the repair leaves a
     segment that the next locker repairs to what one uninterrupted repair gives."""
@@ -277,7 +291,7 @@ def test_repairer_killed_at_every_instruction(case):
         os.unlink(path)
 
 
-@pytest.mark.parametrize("case", ["add-uniform", "add-priorities", "update"])
+@pytest.mark.parametrize("case", ["add-uniform", "add-priorities", "update", "add-limited"])
 def test_real_sigkill_at_spread_instructions(case):
     """The same checks with real SIGKILLs at a few of those points: no copy, the kernel's own
     robust-mutex handling and the repair in the parent's handle."""

@@ -160,9 +160,9 @@ def test_batched_adds_give_the_rows_of_one_by_one_adds(seed):
 
 def test_a_batch_spanning_episodes_commits_in_one_store_add():
     class Counting(ReplayBuffer):
-        def _commit_rows(self, rows, priorities):
+        def _commit_rows(self, rows, priorities, timeout=None):
             self.commits.append(rows["discounts"].shape[0])
-            return super()._commit_rows(rows, priorities)
+            return super()._commit_rows(rows, priorities, timeout)
 
     # Three episodes in one batch (terminated, terminated, open): one commit of 2 + 3 + 1 rows.
     first, second, third = ref.stream(0, [2, 3, 4], [True, True, False], seed=1)
