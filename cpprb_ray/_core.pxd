@@ -15,7 +15,7 @@ from cpprb_ray._sync cimport pthread_mutex_t
 cdef enum:
     HEADER_BYTES = 256       # the Header below, padded
     MUTEX_AT = 256           # the robust mutex (_sync.MUTEX_BYTES reserved)
-                             # 384: the rate limiter (_limiter.Limiter, LIMITER_BYTES reserved)
+    # (384: the rate limiter record, _limiter.pxd's LIMITER_AT and LIMITER_BYTES)
     LAYOUT_AT = 512          # the layout JSON
     VERSION = 3              # 3: magic as a u64 field, lock-wait statistics; 2: shared leaves
 

@@ -555,15 +555,15 @@ cdef class ReplayStore:
         state = limiter_state(self.view.header, self.view.limiter)
         if rate.side == SIDE_INSERT:
             what = f"add of {rate.rows} row{'s' if rate.rows != 1 else ''}"
-            rule = (f"it lets an add of k rows go when the stored size after it is <= "
-                    f"min_size_to_sample, or (inserts + k) * samples_per_insert - samples <= "
-                    f"max_diff")
+            rule = ("it lets an add of k rows go when the stored size after it is <= "
+                    "min_size_to_sample, or (inserts + k) * samples_per_insert - samples <= "
+                    "max_diff")
             undone = "nothing was added"
         else:
             what = f"sample of {rate.rows} row{'s' if rate.rows != 1 else ''}"
-            rule = (f"it lets a sample of k rows go when the stored size is >= "
-                    f"min_size_to_sample and inserts * samples_per_insert - samples - k >= "
-                    f"min_diff")
+            rule = ("it lets a sample of k rows go when the stored size is >= "
+                    "min_size_to_sample and inserts * samples_per_insert - samples - k >= "
+                    "min_diff")
             undone = "nothing was sampled"
         raise TimeoutError(
             f"{what} held back by the rate limiter for {rate.waited:.3g} s (timeout="

@@ -65,49 +65,25 @@ def epsilon_ladder(actors: int) -> List[float]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The buffer, with whatever of N-step and rate limiting this cpprb_ray has.
+# The buffer, with its rate limiter, and N-step if this cpprb_ray has it.
 
 def make_buffer(size: int, seed: int, samples_per_insert: float, min_size: int,
-                error_buffer: float) -> Tuple[cpprb_ray.PrioritizedReplayBuffer, bool, bool]:
-    """The shared buffer; also whether it does N-step and whether it has a rate limiter."""
-    options: Dict[str, Any] = {}
-    limited = hasattr(cpprb_ray, "SampleToInsertRatio")
-    if limited:
-        options["rate_limiter"] = cpprb_ray.SampleToInsertRatio(
-            samples_per_insert, min_size, error_buffer)
+                error_buffer: float) -> Tuple[cpprb_ray.PrioritizedReplayBuffer, bool]:
+    """The shared buffer, with a SampleToInsertRatio limiter; also whether it does N-step."""
+    limiter = cpprb_ray.SampleToInsertRatio(samples_per_insert, min_size, error_buffer)
     nstep = {"size": NSTEP, "gamma": GAMMA, "rew": "rew", "next": "next_obs"}
     try:
         rb = cpprb_ray.PrioritizedReplayBuffer(size, ENV_DICT, alpha=0.6, eps=1e-3, seed=seed,
-                                               Nstep=nstep, **options)
-        return rb, True, limited
+                                               Nstep=nstep, rate_limiter=limiter)
+        return rb, True
     except TypeError as error:
         # FALLBACK(nstep): a cpprb_ray without Nstep= stores 1-step rows (the learner then
         # discounts by gamma). Delete this branch once the buffer's N-step is merged.
         if "Nstep" not in str(error):
             raise
     rb = cpprb_ray.PrioritizedReplayBuffer(size, ENV_DICT, alpha=0.6, eps=1e-3, seed=seed,
-                                           **options)
-    return rb, False, limited
-
-
-class InsertCounter:
-    """FALLBACK(rate limiter): rows ever inserted, from how far the buffer's next index moved.
-
-    Exact as long as fewer than `capacity` rows go in between two polls (the learner polls
-    every step). Delete with the learner's own pacing once SampleToInsertRatio is merged.
-    """
-
-    def __init__(self, rb: cpprb_ray.PrioritizedReplayBuffer) -> None:
-        self.rb = rb
-        self.capacity = rb.get_buffer_size()
-        self.last_index = rb.get_next_index()
-        self.inserted = rb.get_stored_size()
-
-    def poll(self) -> int:
-        index = self.rb.get_next_index()
-        self.inserted += (index - self.last_index) % self.capacity
-        self.last_index = index
-        return self.inserted
+                                           rate_limiter=limiter)
+    return rb, False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,14 +96,13 @@ def actor_class():
     @ray.remote(max_concurrency=4)  # run() in one thread; publish/report/stop in the others
     class Actor:
         def __init__(self, rb, index: int, epsilon: float, seed: int, nstep: bool,
-                     limited: bool, add_batch: int) -> None:
+                     add_batch: int) -> None:
             import gymnasium
 
             self.rb = rb
             self.index = index
             self.epsilon = epsilon
             self.nstep = nstep
-            self.limited = limited
             self.add_batch = add_batch
             self.env = gymnasium.make("CartPole-v1")
             self.rng = np.random.default_rng(seed)
@@ -168,22 +143,29 @@ def actor_class():
             priorities = dqn_numpy.greedy_td_errors(self.network, columns["obs"], columns["act"],
                                                     columns["rew"], columns["next_obs"],
                                                     columns["done"], GAMMA)
-            if self.limited:
-                while True:
-                    try:
-                        self.rb.add(priorities=priorities, timeout=WAIT_SLICE_S, **columns)
-                        break
-                    except TimeoutError:
-                        if self.stopping.is_set():
-                            return
-            else:
-                self.rb.add(priorities=priorities, **columns)
+            # The rate limiter holds adds back while the learner is behind; wait in slices so
+            # that a stop is seen.
+            if not self._until_admitted(lambda timeout: self.rb.add(
+                    priorities=priorities, timeout=timeout, **columns)):
+                return
             if episode_over:
                 # Flushes the buffer's N-step staging: the episode's last steps are stored with
                 # shorter windows (bootstrapping from the last next_obs if it was truncated).
-                self.rb.on_episode_end()
+                if not self._until_admitted(
+                        lambda timeout: self.rb.on_episode_end(timeout=timeout)):
+                    return
             with self.lock:
                 self.rows_added += priorities.shape[0]
+
+        def _until_admitted(self, call) -> bool:
+            """call(timeout) until the limiter lets it through (True) or a stop comes (False)."""
+            while True:
+                try:
+                    call(WAIT_SLICE_S)
+                    return True
+                except TimeoutError:
+                    if self.stopping.is_set():
+                        return False
 
         def run(self) -> int:
             obs, _ = self.env.reset(seed=self.seed)
@@ -380,14 +362,12 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     ray.cloudpickle.register_pickle_by_value(dqn_numpy)
     rb = None
     try:
-        rb, nstep, limited = make_buffer(args.buffer_size, args.seed, args.samples_per_insert,
-                                         args.min_size, error_buffer(args))
+        rb, nstep = make_buffer(args.buffer_size, args.seed, args.samples_per_insert,
+                                args.min_size, error_buffer(args))
         print(f"apex: buffer {rb.name}: N-step "
               f"{f'in the buffer (n={NSTEP}, gamma={GAMMA})' if nstep else 'NOT available: 1-step rows (fallback)'}"  # noqa: E501
-              f"; rate limiter "
-              f"{'SampleToInsertRatio' if limited else 'NOT available: the learner paces itself (fallback)'}",  # noqa: E501
-              file=sys.stderr)
-        return learn(args, rb, nstep, limited, cpus)
+              f"; rate limiter {rb.rate_limiter!r}", file=sys.stderr)
+        return learn(args, rb, nstep, cpus)
     finally:
         if rb is not None:
             rb.close()
@@ -395,7 +375,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep: bool,
-          limited: bool, cpus: int) -> Dict[str, Any]:
+          cpus: int) -> Dict[str, Any]:
     import ray
 
     learner = dqn_numpy.DoubleDQN(dqn_numpy.MLP([OBS_SIZE, *HIDDEN, ACTIONS], seed=args.seed),
@@ -404,7 +384,7 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
     Actor = actor_class()
     per_actor_cpus = min(1.0, cpus / args.actors)
     actors = [Actor.options(num_cpus=per_actor_cpus).remote(
-        rb, i, eps, args.seed * 1000 + i, nstep, limited, args.add_batch)
+        rb, i, eps, args.seed * 1000 + i, nstep, args.add_batch)
         for i, eps in enumerate(epsilon_ladder(args.actors))]
     weights = ray.put(learner.network.get_weights())
     ray.get([actor.publish.remote([weights]) for actor in actors])
@@ -412,7 +392,6 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
     start = time.time()
     runs = [actor.run.remote() for actor in actors]
     progress = Progress(start, args.seconds, enabled=not args.no_progress)
-    counter = None if limited else InsertCounter(rb)  # FALLBACK(rate limiter)
     samples = 0
     next_report = start
     deadline = start + args.seconds
@@ -434,22 +413,12 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
             if now >= deadline:
                 break
             beta = 0.4 + 0.6 * min(1.0, (now - start) / args.seconds)
-            if limited:
-                try:
-                    batch = rb.sample(args.batch_size, beta, timeout=WAIT_SLICE_S)
-                except TimeoutError:
-                    continue
-            else:
-                # FALLBACK(rate limiter): sample only while rows sampled <= samples_per_insert *
-                # rows inserted (+ a few batches). Actors are not slowed down.
-                assert counter is not None
-                inserted = counter.poll()
-                if (rb.get_stored_size() < args.min_size
-                        or samples + args.batch_size > args.samples_per_insert * inserted
-                        + error_buffer(args)):
-                    time.sleep(0.001)
-                    continue
-                batch = rb.sample(args.batch_size, beta)
+            # The rate limiter holds the sample back until min_size rows are in and while the
+            # learner is ahead of samples_per_insert; wait in slices to keep the report going.
+            try:
+                batch = rb.sample(args.batch_size, beta, timeout=WAIT_SLICE_S)
+            except TimeoutError:
+                continue
             # FALLBACK(nstep): 1-step rows have no "discounts" column; their discount is gamma.
             discounts = batch["discounts"] if "discounts" in batch else GAMMA
             priorities = learner.train_step(batch, discounts)
@@ -485,13 +454,12 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
         "env_steps": int(sum(steps)),
         "seed": args.seed,
         "nstep": "buffer" if nstep else "fallback-1step",
-        "rate_limiter": "SampleToInsertRatio" if limited else "fallback-learner-pacing",
+        "rate_limiter": type(rb.rate_limiter).__name__,
         "samples_per_insert": round(samples / max(progress.rows_added, 1), 2),
         "rate_limit": {"samples_per_insert": args.samples_per_insert,
                        "min_size": args.min_size, "error_buffer": error_buffer(args)},
     }
-    if hasattr(rb, "stats"):
-        result["buffer_stats"] = rb.stats()
+    result["buffer_stats"] = rb.stats()
     return result
 
 

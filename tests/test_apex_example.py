@@ -68,16 +68,17 @@ def test_example_runs_and_reports_one_json_line(tmp_path):
     assert result["sample_rate"] == pytest.approx(
         result["learner_steps"] * 32 / result["seconds"], rel=0.01)
     assert result["episodes"] > 0 and result["mean_return_last_20"] >= 8  # CartPole's minimum
-    # Whatever paces the learner (the buffer's limiter or the fallback), the learner never got
-    # further ahead of the inserts than samples_per_insert allows, give or take its slack.
+    # The buffer's limiter paced the learner: it never got further ahead of the inserts than
+    # samples_per_insert allows, give or take its slack.
     limit = result["rate_limit"]
     assert result["learner_steps"] * 32 <= (limit["samples_per_insert"]
                                             * result["transitions_added"]
                                             + limit["error_buffer"] + 32)
-    # Which N-step and limiter the run used is said, and is what this cpprb_ray can do.
-    assert result["rate_limiter"] == ("SampleToInsertRatio"
-                                      if hasattr(cpprb_ray, "SampleToInsertRatio")
-                                      else "fallback-learner-pacing")
+    assert result["rate_limiter"] == "SampleToInsertRatio"
+    limiter = result["buffer_stats"]["rate_limiter"]
+    assert limiter["kind"] == "SampleToInsertRatio"
+    assert limiter["samples"] == result["learner_steps"] * 32
+    assert limiter["min_diff"] <= limiter["diff"] <= limiter["max_diff"]
     assert result["nstep"] in ("buffer", "fallback-1step")
     assert "N-step" in completed.stderr and "rate limiter" in completed.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -103,9 +104,9 @@ def test_epsilon_ladder():
 
 
 def test_buffer_modes_match_what_cpprb_ray_offers():
-    rb, nstep, limited = apex.make_buffer(64, 0, 8.0, 1, 1000.0)
+    rb, nstep = apex.make_buffer(64, 0, 8.0, 1, 1000.0)
     try:
-        assert limited == hasattr(cpprb_ray, "SampleToInsertRatio")
+        assert isinstance(rb.rate_limiter, cpprb_ray.SampleToInsertRatio)
         steps = 5
         rb.add(obs=np.ones((steps, 4)), act=np.zeros(steps, dtype=np.int64),
                rew=np.ones(steps), next_obs=np.ones((steps, 4)), done=np.zeros(steps))
@@ -116,17 +117,6 @@ def test_buffer_modes_match_what_cpprb_ray_offers():
             assert batch["discounts"].dtype == np.float32
     finally:
         rb.close()
-
-
-def test_insert_counter_counts_across_wraparound():
-    """FALLBACK(rate limiter): goes with InsertCounter once SampleToInsertRatio is merged."""
-    with cpprb_ray.PrioritizedReplayBuffer(10, {"obs": {}}) as rb:
-        counter = apex.InsertCounter(rb)
-        total = 0
-        for chunk in (3, 4, 9, 1, 9, 2, 7):   # fewer than 10 between polls, as documented
-            rb.add(obs=np.zeros(chunk))
-            total += chunk
-            assert counter.poll() == total
 
 
 # ---------------------------------------------------------------------------------------------

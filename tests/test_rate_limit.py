@@ -29,7 +29,6 @@ import warnings
 import numpy as np
 import pytest
 
-import cpprb_ray
 from cpprb_ray import MinSize, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
