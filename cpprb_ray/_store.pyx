@@ -263,13 +263,13 @@ cdef struct TreeArguments:
 cdef int64_t add_kernel(StoreView* view, void* arguments) noexcept nogil:
     # Admission and the add are one critical section: nothing can come between them.
     cdef AddArguments* a = <AddArguments*>arguments
-    if not store_admits(view, SIDE_INSERT, a.count):
+    if view.limited and not store_admits(view, SIDE_INSERT, a.count):
         return ST_RATE_LIMITED
     return store_add(view, a.sources, a.count, a.priorities, a.weights)
 
 cdef int64_t sample_kernel(StoreView* view, void* arguments) noexcept nogil:
     cdef SampleArguments* a = <SampleArguments*>arguments
-    if not store_admits(view, SIDE_SAMPLE, a.batch):
+    if view.limited and not store_admits(view, SIDE_SAMPLE, a.batch):
         return ST_RATE_LIMITED
     return store_sample(view, a.rng, a.batch, a.beta, a.scratch, a.indexes, a.weights,
                         a.generations, a.outputs)
