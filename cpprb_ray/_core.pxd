@@ -105,3 +105,9 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
 cdef void store_clear(StoreView* view) noexcept nogil
 cdef int64_t store_snapshot(StoreView* view, int64_t room, uint8_t** outputs, int64_t* indexes,
                             double* leaves) noexcept nogil
+cdef int64_t store_dump(StoreView* view, Header* header, uint8_t* rows,
+                        uint64_t* tail_generations, double* leaves) noexcept nogil
+cdef void store_restore(StoreView* view, const uint8_t* rows, int64_t stored,
+                        const uint64_t* tail_generations, int64_t tail_count,
+                        const double* leaves, uint64_t next_index, double max_priority,
+                        uint64_t rows_added) noexcept nogil

@@ -156,6 +156,13 @@ def record_stride(record_bytes: int) -> int:
     return _align(record_bytes, LINE)
 
 
+# The keys of a layout's "meta" that say which segment this is and who owns it, as opposed to
+# the buffer's own configuration (features such as "nstep"): a checkpoint leaves them out, and a
+# loaded buffer gets new ones.
+IDENTITY_META = ("backend", "owner_pid", "owner_parent_pid", "owner_start", "host", "created",
+                 "token", "owner_pidns", "boot_id")
+
+
 def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
          extra_meta: Optional[Mapping[str, Any]] = None) -> Layout:
     """Lay out a new segment for `capacity` rows of `columns`; `extra_meta` (JSON-able) goes

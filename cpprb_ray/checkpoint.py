@@ -1,0 +1,515 @@
+"""Checkpoints: a buffer's whole state in one file, written atomically and verified when read.
+
+The file (docs/checkpoints.md)::
+
+    0    prefix, 64 bytes, little-endian: magic b"CPPRBCKP", format version (u32), prefix size
+         (u32), description length (u64), payload length (u64), crc32 of the description (u32),
+         crc32 of the payload (u32), 20 reserved zero bytes, crc32 of the 60 bytes before (u32)
+    64   description: UTF-8 JSON, padded with spaces to a multiple of 64 bytes
+    ...  payload: the sections the description lists ("rows", "tail_generations", "leaves"),
+         each at a 64-byte aligned offset from the payload's start
+
+A save writes a temporary file in the target's directory, fsyncs it, renames it over the target
+and fsyncs the directory, so a save killed at any moment leaves the previous checkpoint whole.
+A load checks the sizes and the three checksums before it trusts a byte, checks the description
+against this version's rules, and only then makes a new buffer and restores the state into it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import struct
+import zlib
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+
+import numpy as np
+
+from cpprb_ray import _layout, _rules, nstep
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "save", "write_file"]
+
+MAGIC = b"CPPRBCKP"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sIIQQII20sI")   # see the module docstring; 64 bytes
+_ALIGN = 64
+_CRC_CHUNK = 1 << 30                       # zlib.crc32 takes at most 4 GiB at once on some builds
+_TEMPORARY_SUFFIX = ".tmp"
+_SECTIONS = ("rows", "tail_generations", "leaves")
+# Write through an unnamed O_TMPFILE where the filesystem has it (tests turn it off to exercise
+# the named temporary that other filesystems get).
+_ANONYMOUS_TEMPORARY = True
+
+
+def _align(value: int) -> int:
+    return (value + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _crc32(data: Any, crc: int = 0) -> int:
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), _CRC_CHUNK):
+        crc = zlib.crc32(view[start:start + _CRC_CHUNK], crc)
+    return crc
+
+
+def refused(file: Any, why: str) -> ValueError:
+    """The error a load raises for a file it will not restore: names the file and the reason."""
+    return ValueError(f"{os.fspath(file)!r} is not a loadable cpprb_ray checkpoint: {why}")
+
+
+# -- the file format ------------------------------------------------------------------------------
+
+def write_file(file: Any, description: Mapping[str, Any],
+               sections: Sequence[Tuple[str, Any]]) -> None:
+    """Write `description` (JSON-able) and `sections` (name, bytes-like) to `file`, atomically.
+
+    The description gains a "sections" entry: ``{name: [offset, length]}`` within the payload.
+    A temporary file in the same directory is written, fsynced and renamed over `file`, and the
+    directory is fsynced: whenever this process dies, `file` is the old or the new file, whole.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from cpprb_ray import checkpoint
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...     file = os.path.join(directory, "state.ckpt")
+    ...     checkpoint.write_file(file, {"what": "demo"}, [("numbers", bytes(range(5)))])
+    ...     description, sections = checkpoint.read_file(file)
+    ...     print(description["what"], bytes(sections["numbers"]), os.listdir(directory))
+    demo b'\\x00\\x01\\x02\\x03\\x04' ['state.ckpt']
+    """
+    offsets: Dict[str, List[int]] = {}
+    payload_length = 0
+    views = []
+    for name, data in sections:
+        view = memoryview(data).cast("B")
+        payload_length = _align(payload_length)
+        offsets[name] = [payload_length, len(view)]
+        views.append((payload_length, view))
+        payload_length += len(view)
+    document = dict(description)
+    document["sections"] = offsets
+    text = json.dumps(document, allow_nan=False).encode()
+    text += b" " * (_align(len(text)) - len(text))
+    chunks: List[Any] = []
+    position = 0
+    payload_crc = 0
+    for offset, view in views:
+        padding = bytes(offset - position)
+        payload_crc = zlib.crc32(padding, payload_crc)
+        payload_crc = _crc32(view, payload_crc)
+        chunks += [padding, view]
+        position = offset + len(view)
+    head = _PREFIX.pack(MAGIC, FORMAT_VERSION, _PREFIX.size, len(text), payload_length,
+                        zlib.crc32(text), payload_crc, bytes(20), 0)[:-4]
+    prefix = head + struct.pack("<I", zlib.crc32(head))
+    _write_atomically(os.fspath(file), [prefix, text] + chunks)
+
+
+def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
+    """(description, {section name: bytes}) of a checkpoint, after every check of the format.
+
+    ValueError naming `file` when it is truncated, longer than it says, not a checkpoint, of
+    another format version, or when a checksum (prefix, description, payload) does not match;
+    OSError when it cannot be read at all.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from cpprb_ray import checkpoint
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...     file = os.path.join(directory, "state.ckpt")
+    ...     checkpoint.write_file(file, {}, [("numbers", bytes(100))])
+    ...     with open(file, "r+b") as handle:
+    ...         _ = handle.seek(-1, os.SEEK_END)
+    ...         _ = handle.write(b"x")
+    ...     checkpoint.read_file(file)
+    Traceback (most recent call last):
+    ...
+    ValueError: '...state.ckpt' is not a loadable cpprb_ray checkpoint: the payload's checksum ...
+    """
+    with open(file, "rb", buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        prefix = _read_exactly(handle, min(size, _PREFIX.size))
+        if len(prefix) < _PREFIX.size:
+            if not MAGIC.startswith(prefix[:len(MAGIC)]):
+                raise refused(file, "it does not start with the checkpoint magic b'CPPRBCKP'")
+            raise refused(file, f"truncated: {size} bytes, shorter than the "
+                                f"{_PREFIX.size}-byte prefix")
+        (magic, version, prefix_size, text_length, payload_length, text_crc, payload_crc,
+         _reserved, prefix_crc) = _PREFIX.unpack(prefix)
+        if magic != MAGIC:
+            raise refused(file, "it does not start with the checkpoint magic b'CPPRBCKP'")
+        if zlib.crc32(prefix[:-4]) != prefix_crc:
+            raise refused(file, "the prefix's checksum does not match (corrupt prefix)")
+        if version != FORMAT_VERSION:
+            raise refused(file, f"format version {version}; this cpprb_ray reads version "
+                                f"{FORMAT_VERSION}")
+        if prefix_size != _PREFIX.size:
+            raise refused(file, f"prefix size {prefix_size}, expected {_PREFIX.size}")
+        expected = _PREFIX.size + text_length + payload_length
+        if size < expected:
+            raise refused(file, f"truncated: {size} bytes, the prefix says {expected}")
+        if size > expected:
+            raise refused(file, f"{size - expected} bytes past the end the prefix gives "
+                                f"({expected})")
+        text = _read_exactly(handle, text_length)
+        payload = np.empty(payload_length, dtype=np.uint8)
+        got = _read_into(handle, memoryview(payload))
+    if len(text) != text_length or got != payload_length:
+        raise refused(file, "truncated while it was read")
+    if zlib.crc32(text) != text_crc:
+        raise refused(file, "the description's checksum does not match (corrupt description)")
+    if _crc32(payload) != payload_crc:
+        raise refused(file, "the payload's checksum does not match (corrupt payload)")
+    try:
+        description = json.loads(text.decode())
+        sections = {}
+        for name, (offset, length) in description["sections"].items():
+            offset, length = int(offset), int(length)
+            if offset < 0 or length < 0 or offset + length > payload_length:
+                raise ValueError(f"section {name!r} lies outside the payload")
+            sections[str(name)] = memoryview(payload)[offset:offset + length]
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+        raise refused(file, f"unreadable description ({error})") from None
+    if not isinstance(description, dict):
+        raise refused(file, "the description is not a JSON object")
+    return description, sections
+
+
+def _read_exactly(handle: Any, length: int) -> bytes:
+    buffer = bytearray(length)
+    return bytes(buffer[:_read_into(handle, memoryview(buffer))])
+
+
+def _read_into(handle: Any, view: memoryview) -> int:
+    filled = 0
+    while filled < len(view):
+        got = handle.readinto(view[filled:])
+        if not got:
+            break
+        filled += got
+    return filled
+
+
+# -- atomic replacement -------------------------------------------------------------------------
+
+def _temporary_prefix(base: str) -> str:
+    return f".{base}."
+
+
+def _write_atomically(file: str, chunks: Sequence[Any]) -> None:
+    directory = os.path.dirname(os.path.abspath(file))
+    base = os.path.basename(file)
+    if not base:
+        raise ValueError(f"file must name a file; got {file!r}")
+    remove_stale_temporaries(file)
+    temporary = os.path.join(directory, f"{_temporary_prefix(base)}{socket.gethostname()}."
+                                        f"{os.getpid()}.{secrets.token_hex(4)}{_TEMPORARY_SUFFIX}")
+    fd = _open_anonymous(directory)
+    anonymous = fd is not None
+    if fd is None:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    named = not anonymous
+    try:
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            while len(view):
+                view = view[os.write(fd, view):]
+        os.fsync(fd)
+        if anonymous:
+            # The data are durable before the file gets a name; only a death in the next
+            # microseconds (between link and rename) can leave the temporary name behind.
+            _name_anonymous(fd, temporary)
+            named = True
+        os.replace(temporary, file)
+        named = False
+    finally:
+        os.close(fd)
+        if named:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+    _fsync_directory(directory)
+
+
+def _open_anonymous(directory: str) -> Optional[int]:
+    """An unnamed file in `directory` (O_TMPFILE), or None where the filesystem, the platform
+    or a missing /proc (through which it gets its name) rules it out. A process killed while it
+    writes one leaves nothing behind; a named temporary is left for a later save to remove."""
+    if not (_ANONYMOUS_TEMPORARY and hasattr(os, "O_TMPFILE")
+            and os.path.isdir("/proc/self/fd")):
+        return None
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o600)
+    except OSError:   # EOPNOTSUPP, EISDIR on kernels and filesystems without it
+        return None
+
+
+def _name_anonymous(fd: int, name: str) -> None:
+    # linkat(AT_SYMLINK_FOLLOW) of the /proc link, as open(2) documents for O_TMPFILE. Passing
+    # src_dir_fd makes os.link call linkat with the flag: without it, CPython calls link(2),
+    # which does not follow the link and fails with EXDEV.
+    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.link(str(fd), name, src_dir_fd=fds, follow_symlinks=True)
+    finally:
+        os.close(fds)
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(file: Any) -> List[str]:
+    """Remove the temporary files that saves to `file` left when they were killed; returns them.
+
+    A save's temporary is ``.<name>.<host>.<pid>.<random>.tmp`` beside `file`; one is stale when
+    it was made on this host by a process that no longer exists. Every save does this first, so
+    at most the temporaries of saves killed since the last save remain. Those of live processes
+    (a save in progress) and of other hosts are kept.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from cpprb_ray import checkpoint
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...     file = os.path.join(directory, "state.ckpt")
+    ...     host = __import__("socket").gethostname()
+    ...     dead = os.path.join(directory, f".state.ckpt.{host}.999999999.0a1b2c3d.tmp")
+    ...     open(dead, "wb").close()
+    ...     print([os.path.basename(path) for path in checkpoint.remove_stale_temporaries(file)])
+    ['.state.ckpt....999999999.0a1b2c3d.tmp']
+    """
+    file = os.fspath(file)
+    directory = os.path.dirname(os.path.abspath(file))
+    prefix = _temporary_prefix(os.path.basename(file))
+    host = socket.gethostname()
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(_TEMPORARY_SUFFIX)):
+            continue
+        parts = name[len(prefix):-len(_TEMPORARY_SUFFIX)].rsplit(".", 2)
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        if _process_exists(int(parts[1])):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:   # another user's process
+        return True
+    return True
+
+
+# -- a buffer's state <-> a checkpoint ----------------------------------------------------------
+
+# Features that record their configuration in the layout's meta and that a load restores.
+_RESTORED_FEATURES = (nstep.META_KEY,)
+
+
+def save(buffer: Any, file: Any) -> None:
+    """Write `buffer`'s whole state to `file` (see :meth:`ReplayBuffer.save`).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from cpprb_ray import ReplayBuffer, checkpoint
+    >>> with tempfile.TemporaryDirectory() as directory, ReplayBuffer(8, {"obs": {}}) as rb:
+    ...     _ = rb.add(obs=[1.0, 2.0])
+    ...     checkpoint.save(rb, os.path.join(directory, "rb.ckpt"))
+    ...     description, _ = checkpoint.read_file(os.path.join(directory, "rb.ckpt"))
+    >>> description["kind"], description["state"]["stored_size"]
+    ('uniform', 2)
+    """
+    layout = buffer._layout
+    features = {key: value for key, value in layout.meta.items()
+                if key not in _layout.IDENTITY_META}
+    unknown = sorted(set(features) - set(_RESTORED_FEATURES))
+    if unknown:
+        raise ValueError(f"cannot checkpoint this buffer: it uses {unknown}, which this "
+                         f"cpprb_ray's checkpoints do not record")
+    header, rows, tail, leaves = buffer._store.dump()
+    # Generations past the stored slots matter only up to the last slot ever written (a clear
+    # leaves them odd-free but nonzero): an add there continues from them.
+    written = np.flatnonzero(tail)
+    tail = tail[:written[-1] + 1 if written.size else 0]
+    description = {
+        "kind": "prioritized" if layout.prioritized else "uniform",
+        "capacity": layout.capacity,
+        "alpha": header["alpha"],
+        "eps": header["eps"],
+        "env_dict": {name: {"shape": list(spec["shape"]), "dtype": spec["dtype"].str}
+                     for name, spec in buffer.env_dict.items()},
+        "nstep": buffer.nstep,
+        "columns": [column.to_json() for column in layout.columns],
+        "row_stride": layout.row_stride,
+        "state": {"stored_size": header["stored_size"], "next_index": header["next_index"],
+                  "max_priority": header["max_priority"], "rows_added": header["rows_added"]},
+    }
+    write_file(file, description, [("rows", rows), ("tail_generations", tail),
+                                   ("leaves", leaves)])
+
+
+class _Checkpoint:
+    """A read checkpoint, checked against this version's rules before anything is made."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        description, sections = read_file(file)
+        try:
+            self._parse(description, sections)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise refused(file, f"its contents are inconsistent ({error})") from None
+
+    def _parse(self, description: Dict[str, Any], sections: Dict[str, memoryview]) -> None:
+        kind = description["kind"]
+        if kind not in ("prioritized", "uniform"):
+            raise ValueError(f"unknown kind {kind!r}")
+        self.prioritized = kind == "prioritized"
+        self.capacity = _integer(description["capacity"], "capacity")
+        if self.capacity < 1:
+            raise ValueError(f"capacity {self.capacity}")
+        self.alpha = float(description["alpha"])
+        self.eps = float(description["eps"])
+        if not (0.0 <= self.alpha < float("inf") and 0.0 <= self.eps < float("inf")):
+            raise ValueError(f"alpha {self.alpha}, eps {self.eps}")
+        self.env_dict = {str(name): {"shape": tuple(spec["shape"]), "dtype": str(spec["dtype"])}
+                         for name, spec in description["env_dict"].items()}
+        self.nstep = description["nstep"]
+        # The same rules as the constructor's, so that a crafted description is refused here,
+        # naming the file, and not by the constructor.
+        columns, _ = nstep.plan_columns(_layout.parse_env_dict(self.env_dict), self.nstep)
+        self.columns = description["columns"]
+        if [column["name"] for column in self.columns] != [c.name for c in columns]:
+            raise ValueError("its columns are not those of its env_dict")
+        self.row_stride = _integer(description["row_stride"], "row_stride")
+        state = description["state"]
+        self.stored_size = _integer(state["stored_size"], "stored_size")
+        self.next_index = _integer(state["next_index"], "next_index")
+        self.max_priority = float(state["max_priority"])
+        self.rows_added = _integer(state["rows_added"], "rows_added")
+        if not 0 <= self.stored_size <= self.capacity:
+            raise ValueError(f"stored size {self.stored_size} of {self.capacity} slots")
+        if not 0 <= self.next_index < self.capacity or (
+                self.stored_size < self.capacity and self.next_index != self.stored_size):
+            raise ValueError(f"next index {self.next_index} with {self.stored_size} of "
+                             f"{self.capacity} slots stored")
+        if not 0.0 <= self.max_priority < float("inf"):
+            raise ValueError(f"max priority {self.max_priority}")
+        missing = [name for name in _SECTIONS if name not in sections]
+        if missing:
+            raise ValueError(f"sections {missing} missing")
+        self.rows = sections["rows"]
+        if self.row_stride < 8 or len(self.rows) != self.stored_size * self.row_stride:
+            raise ValueError(f"{len(self.rows)} bytes of rows for {self.stored_size} rows of "
+                             f"{self.row_stride} bytes")
+        self.tail = _array(sections["tail_generations"], np.uint64, "tail_generations")
+        if len(self.tail) > self.capacity - self.stored_size:
+            raise ValueError(f"{len(self.tail)} generations past {self.stored_size} of "
+                             f"{self.capacity} slots")
+        self.leaves = _array(sections["leaves"], np.float64, "leaves")
+        self._check_leaves()
+
+    def _check_leaves(self) -> None:
+        expected = self.stored_size if self.prioritized else 0
+        if len(self.leaves) != expected:
+            raise ValueError(f"{len(self.leaves)} leaves for {expected} rows")
+        if not self.prioritized:
+            return
+        leaves = self.leaves
+        # What the kernels leave: a weight > 0, or -0.0 (unset: never sampled, never the
+        # minimum). A NaN, an infinity, a negative or a +0.0 leaf would corrupt the sampling.
+        valid = (leaves > 0.0) | ((leaves == 0.0) & np.signbit(leaves))
+        if not (np.isfinite(leaves).all() and valid.all()):
+            bad = int(np.flatnonzero(~(np.isfinite(leaves) & valid))[0])
+            raise ValueError(f"leaf {bad} is {float(leaves[bad])!r}, not a weight > 0 or unset")
+        heaviest = _rules.max_leaf_weight(self.capacity)
+        if len(leaves) and leaves.max() > heaviest:
+            bad = int(np.argmax(leaves))
+            raise ValueError(f"leaf {bad} is {float(leaves[bad])!r}, more than the "
+                             f"{heaviest:.3g} that keeps the total of {self.capacity} slots "
+                             f"finite")
+        generations = np.ndarray((self.stored_size,), dtype=np.uint64, buffer=self.rows,
+                                 strides=(self.row_stride,))
+        torn = (generations & 1).astype(bool) & (leaves != 0.0)
+        if torn.any():
+            raise ValueError(f"slot {int(np.flatnonzero(torn)[0])} is torn (odd generation) "
+                             f"but has a weight")
+
+    def matches(self, layout: Any) -> bool:
+        return (layout.row_stride == self.row_stride
+                and [column.to_json() for column in layout.columns] == self.columns)
+
+
+def _integer(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer; got {value!r}")
+    return value
+
+
+def _array(view: memoryview, dtype: Any, name: str) -> np.ndarray:
+    if len(view) % np.dtype(dtype).itemsize:
+        raise ValueError(f"section {name!r} is {len(view)} bytes, not whole {np.dtype(dtype)}")
+    return np.frombuffer(view, dtype=dtype)
+
+
+def load(cls: Type[Any], file: Any, *, backend: str = "auto", name: Optional[str] = None,
+         path: Any = None, seed: Optional[int] = None, lock_timeout: float = 60.0) -> Any:
+    """A new owner buffer holding the state saved in `file` (see :meth:`ReplayBuffer.load`).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from cpprb_ray import PrioritizedReplayBuffer, checkpoint
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...     file = os.path.join(directory, "rb.ckpt")
+    ...     with PrioritizedReplayBuffer(8, {"obs": {}}) as rb:
+    ...         _ = rb.add(obs=[1.0, 2.0], priorities=[0.5, 4.0])
+    ...         checkpoint.save(rb, file)
+    ...     with checkpoint.load(PrioritizedReplayBuffer, file) as copy:
+    ...         print(copy.get_stored_size(), copy.get_max_priority())
+    2 4.0
+    """
+    saved = _Checkpoint(file)
+    target = cls._target_class(saved.prioritized)
+    if target is None:
+        raise refused(file, f"it holds a {'prioritized' if saved.prioritized else 'uniform'} "
+                            f"buffer; load it with "
+                            f"{'PrioritizedReplayBuffer' if saved.prioritized else 'ReplayBuffer'}"
+                            f".load()")
+    options: Dict[str, Any] = {"alpha": saved.alpha, "eps": saved.eps} if saved.prioritized else {}
+    buffer = target(saved.capacity, saved.env_dict, backend=backend, name=name, path=path,
+                    seed=seed, lock_timeout=lock_timeout, Nstep=saved.nstep, **options)
+    try:
+        if not saved.matches(buffer._layout):
+            raise refused(file, "its row layout differs from the one this cpprb_ray makes for "
+                                "its env_dict (written by another version)")
+        buffer._store.restore(saved.rows, saved.tail, saved.leaves, saved.next_index,
+                              saved.max_priority, saved.rows_added)
+    except BaseException:
+        buffer.close()
+        raise
+    return buffer
