@@ -157,7 +157,7 @@ def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
                                 f"({expected})")
         text = _read_exactly(handle, text_length)
         payload = np.empty(payload_length, dtype=np.uint8)
-        got = _read_into(handle, memoryview(payload))
+        got = _read_into(handle, payload.data)
     if len(text) != text_length or got != payload_length:
         raise refused(file, "truncated while it was read")
     if zlib.crc32(text) != text_crc:
@@ -171,7 +171,7 @@ def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
             offset, length = int(offset), int(length)
             if offset < 0 or length < 0 or offset + length > payload_length:
                 raise ValueError(f"section {name!r} lies outside the payload")
-            sections[str(name)] = memoryview(payload)[offset:offset + length]
+            sections[str(name)] = payload.data[offset:offset + length]
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
         raise refused(file, f"unreadable description ({error})") from None
     if not isinstance(description, dict):
@@ -292,7 +292,7 @@ def remove_stale_temporaries(file: Any) -> List[str]:
     directory = os.path.dirname(os.path.abspath(file))
     prefix = _temporary_prefix(os.path.basename(file))
     host = socket.gethostname()
-    removed = []
+    removed: List[str] = []
     try:
         names = os.listdir(directory)
     except OSError:

@@ -7,11 +7,10 @@ holds is checked from its contents alone.
 from __future__ import annotations
 
 import numpy as np
+from _workers import ENV, rows
 
 import cpprb_ray
 from cpprb_ray import checkpoint
-
-from _workers import ENV, rows
 
 SAVE_BATCH = 4096
 
