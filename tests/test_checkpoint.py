@@ -437,8 +437,8 @@ def _leaf(index, value):
     return change
 
 
-def _tear(description, sections):
-    np.frombuffer(sections["rows"], dtype=np.uint64)[0] |= 1   # slot 0's generation, leaf set
+def _tear(description, sections):   # slot 0: odd generation, its leaf still set
+    np.frombuffer(sections["rows"], dtype=np.uint64)[0] |= np.uint64(1)
 
 
 @pytest.mark.parametrize("change, match", [
