@@ -136,6 +136,8 @@ def test_loaded_buffer_is_the_same_buffer(kind, scenario, backend, tmp_path):
             if path:
                 assert copy.name == path["path"]
             assert_same_state(rb, copy)
+            view.save(tmp_path / "from_view.ckpt")   # any handle saves the same file
+            assert (tmp_path / "from_view.ckpt").read_bytes() == file.read_bytes()
             if scenario == "empty":
                 for handle in (view, copy):
                     with pytest.raises(ValueError, match="empty"):
