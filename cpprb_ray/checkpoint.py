@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import socket
 import struct
 import zlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
@@ -28,19 +26,17 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 import numpy as np
 
 from cpprb_ray import _layout, _rules, nstep
+from cpprb_ray._atomic import remove_stale_temporaries, write_atomically
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "save", "write_file"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "remove_stale_temporaries", "save",
+           "write_file"]
 
 MAGIC = b"CPPRBCKP"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIIQQII20sI")   # see the module docstring; 64 bytes
 _ALIGN = 64
 _CRC_CHUNK = 1 << 30                       # zlib.crc32 takes at most 4 GiB at once on some builds
-_TEMPORARY_SUFFIX = ".tmp"
 _SECTIONS = ("rows", "tail_generations", "leaves")
-# Write through an unnamed O_TMPFILE where the filesystem has it (tests turn it off to exercise
-# the named temporary that other filesystems get).
-_ANONYMOUS_TEMPORARY = True
 
 
 def _align(value: int) -> int:
@@ -105,7 +101,7 @@ def write_file(file: Any, description: Mapping[str, Any],
     head = _PREFIX.pack(MAGIC, FORMAT_VERSION, _PREFIX.size, len(text), payload_length,
                         zlib.crc32(text), payload_crc, bytes(20), 0)[:-4]
     prefix = head + struct.pack("<I", zlib.crc32(head))
-    _write_atomically(os.fspath(file), [prefix, text] + chunks)
+    write_atomically(os.fspath(file), [prefix, text] + chunks)
 
 
 def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
@@ -192,136 +188,6 @@ def _read_into(handle: Any, view: memoryview) -> int:
             break
         filled += got
     return filled
-
-
-# -- atomic replacement -------------------------------------------------------------------------
-
-def _temporary_prefix(base: str) -> str:
-    return f".{base}."
-
-
-def _write_atomically(file: str, chunks: Sequence[Any]) -> None:
-    directory = os.path.dirname(os.path.abspath(file))
-    base = os.path.basename(file)
-    if not base:
-        raise ValueError(f"file must name a file; got {file!r}")
-    remove_stale_temporaries(file)
-    temporary = os.path.join(directory, f"{_temporary_prefix(base)}{socket.gethostname()}."
-                                        f"{os.getpid()}.{secrets.token_hex(4)}{_TEMPORARY_SUFFIX}")
-    fd = _open_anonymous(directory)
-    anonymous = fd is not None
-    if fd is None:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    named = not anonymous
-    try:
-        for chunk in chunks:
-            view = memoryview(chunk).cast("B")
-            while len(view):
-                view = view[os.write(fd, view):]
-        os.fsync(fd)
-        if anonymous:
-            # The data are durable before the file gets a name; only a death in the next
-            # microseconds (between link and rename) can leave the temporary name behind.
-            _name_anonymous(fd, temporary)
-            named = True
-        os.replace(temporary, file)
-        named = False
-    finally:
-        os.close(fd)
-        if named:
-            try:
-                os.unlink(temporary)
-            except OSError:
-                pass
-    _fsync_directory(directory)
-
-
-def _open_anonymous(directory: str) -> Optional[int]:
-    """An unnamed file in `directory` (O_TMPFILE), or None where the filesystem, the platform
-    or a missing /proc (through which it gets its name) rules it out. A process killed while it
-    writes one leaves nothing behind; a named temporary is left for a later save to remove."""
-    if not (_ANONYMOUS_TEMPORARY and hasattr(os, "O_TMPFILE")
-            and os.path.isdir("/proc/self/fd")):
-        return None
-    try:
-        return os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o600)
-    except OSError:   # EOPNOTSUPP, EISDIR on kernels and filesystems without it
-        return None
-
-
-def _name_anonymous(fd: int, name: str) -> None:
-    # linkat(AT_SYMLINK_FOLLOW) of the /proc link, as open(2) documents for O_TMPFILE. Passing
-    # src_dir_fd makes os.link call linkat with the flag: without it, CPython calls link(2),
-    # which does not follow the link and fails with EXDEV.
-    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.link(str(fd), name, src_dir_fd=fds, follow_symlinks=True)
-    finally:
-        os.close(fds)
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_stale_temporaries(file: Any) -> List[str]:
-    """Remove the temporary files that saves to `file` left when they were killed; returns them.
-
-    A save's temporary is ``.<name>.<host>.<pid>.<random>.tmp`` beside `file`; one is stale when
-    it was made on this host by a process that no longer exists. Every save does this first, so
-    at most the temporaries of saves killed since the last save remain. Those of live processes
-    (a save in progress) and of other hosts are kept.
-
-    Examples
-    --------
-    >>> import os, tempfile
-    >>> from cpprb_ray import checkpoint
-    >>> with tempfile.TemporaryDirectory() as directory:
-    ...     file = os.path.join(directory, "state.ckpt")
-    ...     host = __import__("socket").gethostname()
-    ...     dead = os.path.join(directory, f".state.ckpt.{host}.999999999.0a1b2c3d.tmp")
-    ...     open(dead, "wb").close()
-    ...     print([os.path.basename(path) for path in checkpoint.remove_stale_temporaries(file)])
-    ['.state.ckpt....999999999.0a1b2c3d.tmp']
-    """
-    file = os.fspath(file)
-    directory = os.path.dirname(os.path.abspath(file))
-    prefix = _temporary_prefix(os.path.basename(file))
-    host = socket.gethostname()
-    removed: List[str] = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        if not (name.startswith(prefix) and name.endswith(_TEMPORARY_SUFFIX)):
-            continue
-        parts = name[len(prefix):-len(_TEMPORARY_SUFFIX)].rsplit(".", 2)
-        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
-            continue
-        if _process_exists(int(parts[1])):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:
-            pass
-    return removed
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:   # another user's process
-        return True
-    return True
 
 
 # -- a buffer's state <-> a checkpoint ----------------------------------------------------------

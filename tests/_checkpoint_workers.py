@@ -10,7 +10,7 @@ import numpy as np
 from _workers import ENV, rows
 
 import cpprb_ray
-from cpprb_ray import checkpoint
+from cpprb_ray import _atomic
 
 SAVE_BATCH = 4096
 
@@ -30,7 +30,7 @@ def save_forever(conn, file: str, capacity: int, anonymous: bool, saves) -> None
 
     `anonymous`=False forces the named temporary file that filesystems without O_TMPFILE get.
     """
-    checkpoint._ANONYMOUS_TEMPORARY = anonymous
+    _atomic._ANONYMOUS_TEMPORARY = anonymous
     rb = cpprb_ray.PrioritizedReplayBuffer(capacity, ENV, seed=0)
     conn.send((rb.backend, rb.name))   # the parent removes the segment after the kill
     added = 0
