@@ -13,7 +13,7 @@ commits and clears ``op``. Every change of ``op`` goes through ``publish_op`` (f
 holder killed between two instructions leaves exactly the stores it had issued, in program order.
 """
 
-from libc.math cimport floor, isfinite, pow
+from libc.math cimport floor, isfinite, pow, powf
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
@@ -43,53 +43,8 @@ cdef extern from *:
         __atomic_store_n(op, value, __ATOMIC_RELAXED);
         cpprb_ray_release_fence();
     }
-    /* The importance weight (ratio)**-beta of a sampled row, ratio = its leaf / the least leaf
-       (>= 1 up to rounding). glibc's powf cost about 40 ns a row, a fifth of a sample(256);
-       log2 by the atanh series and exp2 by its Taylor series, in double, cost a few ns and
-       are exact to about 1e-12 relative, far inside the float32 result (tests: rtol 1e-6).
-       Ratios that are not finite normal numbers take powf. */
-    #include <math.h>
-    #include <string.h>
-    static inline double cpprb_ray_log2(double x) {
-        uint64_t bits;
-        double m, s, s2, series;
-        int64_t e;
-        memcpy(&bits, &x, 8);
-        e = (int64_t)((bits >> 52) & 0x7ff) - 1023;
-        bits = (bits & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL;
-        memcpy(&m, &bits, 8);                          /* m in [1, 2) */
-        if (m > 1.4142135623730951) { m *= 0.5; e += 1; }
-        s = (m - 1.0) / (m + 1.0);                     /* |s| < 0.1716 */
-        s2 = s * s;
-        series = s * (1.0 + s2 * (1.0 / 3 + s2 * (1.0 / 5 + s2 * (1.0 / 7 + s2 * (1.0 / 9
-                 + s2 * (1.0 / 11 + s2 * (1.0 / 13 + s2 * (1.0 / 15))))))));
-        return (double)e + series * 2.8853900817779268;   /* 2 / ln 2 */
-    }
-    static inline double cpprb_ray_exp2(double y) {   /* -1022 < y < 1023 */
-        double k = floor(y + 0.5), t, p, scale;
-        uint64_t bits;
-        t = (y - k) * 0.6931471805599453;              /* |t| <= ln(2) / 2 */
-        p = 1.0 + t * (1.0 + t * (1.0 / 2 + t * (1.0 / 6 + t * (1.0 / 24 + t * (1.0 / 120
-            + t * (1.0 / 720 + t * (1.0 / 5040 + t * (1.0 / 40320 + t * (1.0 / 362880
-            + t * (1.0 / 3628800))))))))));
-        bits = (uint64_t)((int64_t)k + 1023) << 52;
-        memcpy(&scale, &bits, 8);
-        return p * scale;
-    }
-    static inline float cpprb_ray_weight(double ratio, double beta) {
-        double y;
-        if (!(ratio >= 2.2250738585072014e-308 && ratio <= 1.7976931348623157e308))
-            return powf((float)ratio, (float)-beta);
-        y = -beta * cpprb_ray_log2(ratio);
-        if (y < -160.0)
-            return 0.0f;                               /* below float32's least subnormal */
-        if (y > 160.0)
-            return powf((float)ratio, (float)-beta);   /* inf, as powf says */
-        return (float)cpprb_ray_exp2(y);
-    }
     """
     void prefetch "CPPRB_RAY_PREFETCH"(const void* address) noexcept nogil
-    float importance_weight "cpprb_ray_weight"(double ratio, double beta) noexcept nogil
     void publish_op "cpprb_ray_publish_op"(uint64_t* op, uint64_t value) noexcept nogil
     void release_fence "cpprb_ray_release_fence"() noexcept nogil
 
@@ -320,11 +275,12 @@ cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, doubl
         # found, measured slower: those misses then compete with the walk's own.)
         for k in range(batch):
             prefetch_record(view, indexes[k])
-        # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta.
+        # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta. The weights are
+        # float32, so float32 powf (about 1e-7 relative) is exact enough and much cheaper.
         inverse_lowest = 1.0 / tree_min(&view.tree)
         for k in range(batch):
-            weights[k] = 1.0 if beta == 0.0 else importance_weight(
-                view.tree.sums[indexes[k]] * inverse_lowest, beta)
+            weights[k] = 1.0 if beta == 0.0 else powf(
+                <float>(view.tree.sums[indexes[k]] * inverse_lowest), <float>-beta)
     else:
         for k in range(batch):
             # Skip a slot torn by a writer's death (odd generation); bounded retries, then
