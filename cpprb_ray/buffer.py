@@ -15,7 +15,7 @@ from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
-from cpprb_ray import _layout, _memory, _rules, _store, nstep
+from cpprb_ray import _layout, _memory, _proc, _rules, _store, nstep
 from cpprb_ray._ownership import Ownership
 
 __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
@@ -163,7 +163,7 @@ class ReplayBuffer:
             holder = self._store.lock_owner()
             # Free, held by a live thread, or changing hands (a holder in another pid namespace
             # sharing /dev/shm is invisible in /proc but lets go): all fine.
-            if holder == 0 or holder != first or os.path.exists(f"/proc/{holder}"):
+            if holder == 0 or holder != first or _proc.thread_exists(holder):
                 return
             if time.monotonic() > deadline:
                 self._store.release()
