@@ -122,8 +122,6 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
             "created": time.time(), "token": secrets.token_hex(16),
             "owner_pidns": _proc.pid_namespace(), "boot_id": _proc.boot_id()}
     meta.update(extra_meta or {})
-    # The JSON length fixes where data starts; offsets inside the JSON do not change its length
-    # enough to matter because we reserve generously and re-check below.
     # Fields in env_dict order, each aligned to its item size (at most 8) after the generation.
     offset = GENERATION_BYTES
     for column in columns:
@@ -132,16 +130,14 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
         column.offset = offset
         offset += column.row_bytes
     row_stride = record_stride(offset)
-    draft = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
-    # Offsets inside the JSON are already final, so its length is too.
-    data_offset = _align(_store.LAYOUT_OFFSET + len(draft), DATA_ALIGN)
+    # The JSON holds the columns, the stride and the meta, all final here (not the section
+    # offsets, which are in the header), so its length fixes where the rows start.
+    document = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
+    data_offset = _align(_store.LAYOUT_OFFSET + len(document), DATA_ALIGN)
     tree_offset = _align(data_offset + capacity * row_stride, LINE)
     total_size = _align(tree_offset + _store.tree_nbytes(capacity), DATA_ALIGN)
-    layout = Layout(capacity, prioritized, columns, meta, data_offset, row_stride, tree_offset,
-                    total_size)
-    if _store.LAYOUT_OFFSET + len(layout.to_json()) > data_offset:  # pragma: no cover
-        raise RuntimeError("layout JSON outgrew its reserved space")
-    return layout
+    return Layout(capacity, prioritized, columns, meta, data_offset, row_stride, tree_offset,
+                  total_size)
 
 
 def corrupt(location: str, why: str) -> ValueError:
