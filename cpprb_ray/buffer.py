@@ -389,11 +389,15 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be > 0; got {batch_size}")
         return batch_size
 
-    def sample(self, batch_size: int) -> Dict[str, np.ndarray]:
-        """sample(batch_size) -> dict: uniform sample with replacement.
+    def sample(self, batch_size: int, *,
+               out: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
+        """sample(batch_size, *, out=None) -> dict: uniform sample with replacement.
 
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
         (int64) and "generations" (uint64). Raises ValueError when the buffer is empty.
+        With `out` (a dict of arrays with those keys, shapes and dtypes, C-contiguous and
+        writable: e.g. an earlier result), they are filled in place instead, numpy's
+        convention for a loop that should not allocate.
 
         Examples
         --------
@@ -404,7 +408,13 @@ class ReplayBuffer:
         ...     print(sorted(batch), batch["obs"].shape, batch["indexes"].dtype)
         ['generations', 'indexes', 'obs'] (5, 2) int64
         """
-        result = self._store.sample(self._check_batch(batch_size), 0.0)
+        batch = self._check_batch(batch_size)
+        if out is not None:
+            # The store fills weights too; a uniform sample has none to give back.
+            out = dict(out) if isinstance(out, dict) else out
+            if isinstance(out, dict):
+                out["weights"] = np.empty(batch, dtype=np.float32)
+        result = self._store.sample(batch, 0.0, out)
         del result["weights"]
         return result
 
@@ -590,6 +600,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
         (int64), "weights" (float32, ``(N P(i))**-beta / max_j (N P(j))**-beta``) and
         "generations" (uint64, for :meth:`update_priorities`). Raises ValueError when empty.
+        With `out` (a dict of arrays with those keys, shapes and dtypes, C-contiguous and
+        writable: e.g. an earlier result), they are filled in place and returned in a new dict,
+        numpy's convention for a learner loop that should not allocate.
 
         Examples
         --------
@@ -599,7 +612,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         ...     batch = rb.sample(4, beta=0.5)
         ...     weights = batch["weights"]
         ...     print(batch["obs"].shape, weights.dtype, bool((weights <= 1).all()))
+        ...     again = rb.sample(4, beta=0.5, out=batch)     # the same arrays, refilled
+        ...     print(again["obs"] is batch["obs"])
         (4, 1) float32 True
+        True
         """
         batch = self._check_batch(batch_size)
         if type(beta) is not float or not 0.0 <= beta <= _FLOAT_MAX:
