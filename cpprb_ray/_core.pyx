@@ -17,6 +17,7 @@ from libc.math cimport floor, isfinite, pow, powf
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
+from cpprb_ray._prefetch cimport prefetch
 from cpprb_ray._segtree cimport (Xoshiro256, is_unset, rng_uniform, tree_bind,
                                  tree_clear_all, tree_min, tree_rebuild, tree_refresh,
                                  tree_refresh_range, tree_sample, tree_total, unset_leaf)
@@ -26,11 +27,6 @@ from cpprb_ray._sync cimport (LOCK_TIMED_OUT, LOCKED_OWNER_DIED, mutex_consisten
 cdef extern from *:
     """
     #include <stdint.h>
-    #if defined(__GNUC__) || defined(__clang__)
-    #define CPPRB_RAY_PREFETCH(address) __builtin_prefetch((address), 0, 1)
-    #else
-    #define CPPRB_RAY_PREFETCH(address) ((void)(address))
-    #endif
     /* Publish a change of the in-flight operation marker (header.op). The record of what to undo
        must be in memory before "op = ADD", and every commit store before "op = NONE": gcc -O3
        moved both across plain stores (tests/test_crash_points.py finds it). The fences are
@@ -44,7 +40,6 @@ cdef extern from *:
         cpprb_ray_release_fence();
     }
     """
-    void prefetch "CPPRB_RAY_PREFETCH"(const void* address) noexcept nogil
     void publish_op "cpprb_ray_publish_op"(uint64_t* op, uint64_t value) noexcept nogil
     void release_fence "cpprb_ray_release_fence"() noexcept nogil
 

@@ -600,7 +600,7 @@ cdef class ReplayStore:
         cdef UpdateArguments arguments
         # Arrays as sample() returns them take no conversion; anything else is converted by
         # the rules first (their errors name the argument).
-        if not (type(indexes) is _ndarray and indexes.dtype is _INT64):
+        if not (type(indexes) is _ndarray and indexes.dtype is _INT64 and indexes.ndim == 1):
             indexes = _rules.index_vector(indexes, "indexes")
         try:
             PyObject_GetBuffer(indexes, &index_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
@@ -610,7 +610,7 @@ cdef class ReplayStore:
             PyObject_GetBuffer(indexes, &index_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
             held = 1
         try:
-            count = index_view.shape[0] if index_view.ndim == 1 else 1
+            count = index_view.shape[0]
             if not (type(priorities) is _ndarray and priorities.ndim == 1
                     and (priorities.dtype is _FLOAT64 or priorities.dtype is _FLOAT32)
                     and priorities.flags.c_contiguous):

@@ -15,7 +15,7 @@ from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
-from cpprb_ray import _layout, _memory, _rules, _store, checkpoint, nstep
+from cpprb_ray import _layout, _memory, _proc, _rules, _store, checkpoint, nstep
 from cpprb_ray._ownership import Ownership
 
 __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
@@ -163,7 +163,7 @@ class ReplayBuffer:
             holder = self._store.lock_owner()
             # Free, held by a live thread, or changing hands (a holder in another pid namespace
             # sharing /dev/shm is invisible in /proc but lets go): all fine.
-            if holder == 0 or holder != first or os.path.exists(f"/proc/{holder}"):
+            if holder == 0 or holder != first or _proc.thread_exists(holder):
                 return
             if time.monotonic() > deadline:
                 self._store.release()
@@ -458,11 +458,15 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be > 0; got {batch_size}")
         return batch_size
 
-    def sample(self, batch_size: int) -> Dict[str, np.ndarray]:
-        """sample(batch_size) -> dict: uniform sample with replacement.
+    def sample(self, batch_size: int, *,
+               out: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
+        """sample(batch_size, *, out=None) -> dict: uniform sample with replacement.
 
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
         (int64) and "generations" (uint64). Raises ValueError when the buffer is empty.
+        With `out` (a dict of arrays with those keys, shapes and dtypes, C-contiguous and
+        writable: e.g. an earlier result), they are filled in place instead, numpy's
+        convention for a loop that should not allocate.
 
         Examples
         --------
@@ -473,7 +477,13 @@ class ReplayBuffer:
         ...     print(sorted(batch), batch["obs"].shape, batch["indexes"].dtype)
         ['generations', 'indexes', 'obs'] (5, 2) int64
         """
-        result = self._store.sample(self._check_batch(batch_size), 0.0)
+        batch = self._check_batch(batch_size)
+        if out is not None:
+            # The store fills weights too; a uniform sample has none to give back.
+            out = dict(out) if isinstance(out, dict) else out
+            if isinstance(out, dict):
+                out["weights"] = np.empty(batch, dtype=np.float32)
+        result = self._store.sample(batch, 0.0, out)
         del result["weights"]
         return result
 
@@ -659,6 +669,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
         (int64), "weights" (float32, ``(N P(i))**-beta / max_j (N P(j))**-beta``) and
         "generations" (uint64, for :meth:`update_priorities`). Raises ValueError when empty.
+        With `out` (a dict of arrays with those keys, shapes and dtypes, C-contiguous and
+        writable: e.g. an earlier result), they are filled in place and returned in a new dict,
+        numpy's convention for a learner loop that should not allocate.
 
         Examples
         --------
@@ -668,7 +681,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         ...     batch = rb.sample(4, beta=0.5)
         ...     weights = batch["weights"]
         ...     print(batch["obs"].shape, weights.dtype, bool((weights <= 1).all()))
+        ...     again = rb.sample(4, beta=0.5, out=batch)     # the same arrays, refilled
+        ...     print(again["obs"] is batch["obs"])
         (4, 1) float32 True
+        True
         """
         batch = self._check_batch(batch_size)
         if type(beta) is not float or not 0.0 <= beta <= _FLOAT_MAX:
