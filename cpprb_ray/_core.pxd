@@ -111,3 +111,10 @@ cdef void store_clear(StoreView* view) noexcept nogil
 cdef bint store_admits(StoreView* view, int side, int64_t rows) noexcept nogil
 cdef int64_t store_snapshot(StoreView* view, int64_t room, uint8_t** outputs, int64_t* indexes,
                             double* leaves) noexcept nogil
+cdef int64_t store_dump(StoreView* view, Header* header, uint8_t* rows,
+                        uint64_t* tail_generations, double* leaves) noexcept nogil
+cdef void store_restore(StoreView* view, const uint8_t* rows, int64_t stored,
+                        const uint64_t* tail_generations, int64_t tail_count,
+                        const double* leaves, uint64_t next_index, double max_priority,
+                        uint64_t rows_added, uint64_t limiter_inserts,
+                        uint64_t limiter_samples) noexcept nogil

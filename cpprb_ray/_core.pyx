@@ -19,6 +19,7 @@ from libc.string cimport memcpy
 
 from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_BYTES, LIMITER_NONE, Limiter,
                                  limiter_admits)
+from cpprb_ray._prefetch cimport prefetch
 from cpprb_ray._segtree cimport (Xoshiro256, is_unset, rng_uniform, tree_bind,
                                  tree_clear_all, tree_min, tree_rebuild, tree_refresh,
                                  tree_refresh_range, tree_sample, tree_total, unset_leaf)
@@ -28,11 +29,6 @@ from cpprb_ray._sync cimport (LOCK_TIMED_OUT, LOCKED_OWNER_DIED, mutex_consisten
 cdef extern from *:
     """
     #include <stdint.h>
-    #if defined(__GNUC__) || defined(__clang__)
-    #define CPPRB_RAY_PREFETCH(address) __builtin_prefetch((address), 0, 1)
-    #else
-    #define CPPRB_RAY_PREFETCH(address) ((void)(address))
-    #endif
     /* Publish a change of the in-flight operation marker (header.op). The record of what to undo
        must be in memory before "op = ADD", and every commit store before "op = NONE": gcc -O3
        moved both across plain stores (tests/test_crash_points.py finds it). The fences are
@@ -46,7 +42,6 @@ cdef extern from *:
         cpprb_ray_release_fence();
     }
     """
-    void prefetch "CPPRB_RAY_PREFETCH"(const void* address) noexcept nogil
     void publish_op "cpprb_ray_publish_op"(uint64_t* op, uint64_t value) noexcept nogil
     void release_fence "cpprb_ray_release_fence"() noexcept nogil
 
@@ -426,3 +421,54 @@ cdef int64_t store_snapshot(StoreView* view, int64_t room, uint8_t** outputs, in
         leaves[copied] = view.tree.sums[slot] + 0.0
         copied += 1
     return copied
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+
+cdef int64_t store_dump(StoreView* view, Header* header, uint8_t* rows,
+                        uint64_t* tail_generations, double* leaves) noexcept nogil:
+    """Copy the buffer's whole state, as one consistent snapshot (the caller holds the lock):
+    the header, the records of the stored slots (generations included, so a torn slot stays
+    torn), the generations of the slots past them and, when prioritized, the stored slots'
+    leaves bit for bit (-0.0 stays unset). The inner nodes are not copied: they are a function
+    of the leaves (tree_rebuild makes them again, bit-identical). `rows` holds `capacity`
+    records, `tail_generations` and `leaves` `capacity` entries. Returns the stored size."""
+    cdef int64_t stored = view.header.stored_size, slot
+    memcpy(header, view.header, sizeof(Header))
+    memcpy(rows, view.rows, <size_t>(stored * view.stride))
+    for slot in range(stored, view.capacity):
+        tail_generations[slot - stored] = generation_of(view, slot)[0]
+    if view.prioritized:
+        memcpy(leaves, view.tree.sums, <size_t>stored * sizeof(double))
+    return stored
+
+
+cdef void store_restore(StoreView* view, const uint8_t* rows, int64_t stored,
+                        const uint64_t* tail_generations, int64_t tail_count,
+                        const double* leaves, uint64_t next_index, double max_priority,
+                        uint64_t rows_added, uint64_t limiter_inserts,
+                        uint64_t limiter_samples) noexcept nogil:
+    """Replace the buffer's state by a dump's (validated by the caller: stored and tail_count
+    within the capacity, next_index below it, leaves finite or unset, torn slots unset). The
+    rate limiter's counts become `limiter_inserts` and `limiter_samples` (their bases are set
+    so; unsigned differences, so a base "below zero" wraps and still gives them).
+
+    Marked as a clear while it writes: a loader killed half-way leaves a buffer that the next
+    locker's repair empties, never a mix of the old and the restored state."""
+    cdef Header* h = view.header
+    cdef int64_t k
+    publish_op(&h.op, OP_CLEAR)
+    memcpy(view.rows, rows, <size_t>(stored * view.stride))
+    for k in range(tail_count):
+        generation_of(view, stored + k)[0] = tail_generations[k]
+    tree_clear_all(&view.tree)
+    if view.prioritized:
+        memcpy(view.tree.sums, leaves, <size_t>stored * sizeof(double))
+        tree_rebuild(&view.tree)
+    h.next_index = next_index
+    h.stored_size = <uint64_t>stored
+    h.max_priority = max_priority
+    h.rows_added = rows_added
+    view.limiter.insert_base = rows_added - limiter_inserts
+    view.limiter.sample_base = h.rows_sampled - limiter_samples
+    publish_op(&h.op, OP_NONE)

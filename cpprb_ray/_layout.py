@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from cpprb_ray import _memory, _rules, _store
+from cpprb_ray import _memory, _proc, _rules, _store
 
 DATA_ALIGN = 4096      # rows start on a page
 LINE = 64              # the tree starts on a cache line; records never straddle one needlessly
@@ -72,51 +72,6 @@ def parse_env_dict(env_dict: Mapping[str, Any]) -> List[Column]:
     return columns
 
 
-def _proc_stat(pid: int) -> Optional[List[bytes]]:
-    """Fields of /proc/PID/stat after the command name (state first), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_start_time(pid: int) -> Optional[int]:
-    """Start time of `pid` in clock ticks (/proc), to tell a live owner from a reused pid."""
-    fields = _proc_stat(pid)
-    try:
-        return int(fields[19]) if fields else None
-    except (IndexError, ValueError):
-        return None
-
-
-def process_is_zombie(pid: int) -> bool:
-    """True when `pid` has exited but was not reaped yet (state Z or X): it holds nothing."""
-    fields = _proc_stat(pid)
-    return fields is not None and bool(fields) and fields[0] in (b"Z", b"X")
-
-
-def pid_namespace() -> Optional[str]:
-    """This process's pid namespace, e.g. ``"pid:[4026531836]"`` (None where /proc lacks it).
-
-    A pid means something only inside its namespace: a container that shares /dev/shm with the
-    host (``--ipc=host``) or with another pod has its own pids and /proc.
-    """
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def boot_id() -> Optional[str]:
-    """The running kernel's boot id (shared by every container on the host; new every boot)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as source:
-            return source.read().strip()
-    except OSError:
-        return None
-
-
 class Layout:
     """Where everything of a buffer lives in its segment."""
 
@@ -156,6 +111,13 @@ def record_stride(record_bytes: int) -> int:
     return _align(record_bytes, LINE)
 
 
+# The keys of a layout's "meta" that say which segment this is and who owns it, as opposed to
+# the buffer's own configuration (features such as "nstep"): a checkpoint leaves them out, and a
+# loaded buffer gets new ones.
+IDENTITY_META = ("backend", "owner_pid", "owner_parent_pid", "owner_start", "host", "created",
+                 "token", "owner_pidns", "boot_id")
+
+
 def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
          extra_meta: Optional[Mapping[str, Any]] = None) -> Layout:
     """Lay out a new segment for `capacity` rows of `columns`; `extra_meta` (JSON-able) goes
@@ -163,12 +125,10 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
     # token: this segment's identity (a name can be removed and made again by somebody else);
     # owner_pidns and boot_id: where owner_pid means anything (see _orphans).
     meta = {"backend": backend, "owner_pid": os.getpid(), "owner_parent_pid": os.getppid(),
-            "owner_start": process_start_time(os.getpid()), "host": socket.gethostname(),
+            "owner_start": _proc.process_start_time(os.getpid()), "host": socket.gethostname(),
             "created": time.time(), "token": secrets.token_hex(16),
-            "owner_pidns": pid_namespace(), "boot_id": boot_id()}
+            "owner_pidns": _proc.pid_namespace(), "boot_id": _proc.boot_id()}
     meta.update(extra_meta or {})
-    # The JSON length fixes where data starts; offsets inside the JSON do not change its length
-    # enough to matter because we reserve generously and re-check below.
     # Fields in env_dict order, each aligned to its item size (at most 8) after the generation.
     offset = GENERATION_BYTES
     for column in columns:
@@ -177,16 +137,14 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
         column.offset = offset
         offset += column.row_bytes
     row_stride = record_stride(offset)
-    draft = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
-    # Offsets inside the JSON are already final, so its length is too.
-    data_offset = _align(_store.LAYOUT_OFFSET + len(draft), DATA_ALIGN)
+    # The JSON holds the columns, the stride and the meta, all final here (not the section
+    # offsets, which are in the header), so its length fixes where the rows start.
+    document = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
+    data_offset = _align(_store.LAYOUT_OFFSET + len(document), DATA_ALIGN)
     tree_offset = _align(data_offset + capacity * row_stride, LINE)
     total_size = _align(tree_offset + _store.tree_nbytes(capacity), DATA_ALIGN)
-    layout = Layout(capacity, prioritized, columns, meta, data_offset, row_stride, tree_offset,
-                    total_size)
-    if _store.LAYOUT_OFFSET + len(layout.to_json()) > data_offset:  # pragma: no cover
-        raise RuntimeError("layout JSON outgrew its reserved space")
-    return layout
+    return Layout(capacity, prioritized, columns, meta, data_offset, row_stride, tree_offset,
+                  total_size)
 
 
 def corrupt(location: str, why: str) -> ValueError:

@@ -285,10 +285,11 @@ def open_existing(backend: str, location: str, flags: int = os.O_RDONLY) -> int:
 def unlink(backend: str, location: str) -> bool:
     """Remove the segment's name; True if it existed. Mappings elsewhere stay valid."""
     try:
-        if backend == "shm":
+        if backend == "shm" and _posixshmem is not None:
             _posixshmem.shm_unlink("/" + location)
         else:
-            os.unlink(location)
+            # Python 3.7 has no _posixshmem; on Linux a POSIX shm object is a file in /dev/shm.
+            os.unlink(file_of(backend, location))
         return True
     except FileNotFoundError:
         return False

@@ -19,7 +19,7 @@ import os
 import stat
 from typing import Any, Dict, List, Tuple
 
-from cpprb_ray import _layout, _memory, _store
+from cpprb_ray import _layout, _memory, _proc, _store
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
@@ -55,10 +55,10 @@ def _pid_alive(meta: Dict[str, Any]) -> bool:
         return False
     except PermissionError:
         pass
-    if _layout.process_is_zombie(pid):
+    if _proc.process_is_zombie(pid):
         return False
     started = meta.get("owner_start")
-    return started is None or _layout.process_start_time(pid) == started
+    return started is None or _proc.process_start_time(pid) == started
 
 
 def owner_status(meta: Dict[str, Any]) -> Tuple[str, str]:
@@ -70,8 +70,8 @@ def owner_status(meta: Dict[str, Any]) -> Tuple[str, str]:
     --------
     >>> import os
     >>> from cpprb_ray import _layout
-    >>> here = {"owner_pid": os.getpid(), "owner_pidns": _layout.pid_namespace(),
-    ...         "boot_id": _layout.boot_id()}
+    >>> here = {"owner_pid": os.getpid(), "owner_pidns": _proc.pid_namespace(),
+    ...         "boot_id": _proc.boot_id()}
     >>> owner_status(here)[0]
     'alive'
     >>> status, why = owner_status(dict(here, owner_pidns="pid:[1]"))
@@ -79,11 +79,11 @@ def owner_status(meta: Dict[str, Any]) -> Tuple[str, str]:
     ('unknown', True)
     """
     recorded_boot = meta.get("boot_id")
-    if recorded_boot is not None and recorded_boot != _layout.boot_id():
+    if recorded_boot is not None and recorded_boot != _proc.boot_id():
         return UNKNOWN, (f"its owner (pid {meta.get('owner_pid')}) ran under another kernel "
                          f"boot (another host sharing this directory, or before a reboot)")
     recorded_pidns = meta.get("owner_pidns")
-    if recorded_pidns is not None and recorded_pidns != _layout.pid_namespace():
+    if recorded_pidns is not None and recorded_pidns != _proc.pid_namespace():
         return UNKNOWN, (f"its owner (pid {meta.get('owner_pid')}) runs in another pid "
                          f"namespace ({recorded_pidns}), e.g. another container")
     return (ALIVE, "") if _pid_alive(meta) else (DEAD, "")

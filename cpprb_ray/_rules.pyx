@@ -121,6 +121,21 @@ def check_alpha_eps(double alpha, double eps, int64_t capacity):
     priority_rule(&rule, alpha, eps, capacity)
 
 
+def max_leaf_weight(int64_t capacity):
+    """The largest leaf weight the priority rule lets into a tree of `capacity` slots (so that
+    the total of every slot stays finite); what a checkpoint's leaves are checked against.
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import max_leaf_weight
+    >>> max_leaf_weight(1) * 2 == float.fromhex("0x1.fffffffffffffp+1023")
+    True
+    """
+    cdef PriorityRule rule
+    priority_rule(&rule, 0.0, 0.0, capacity)
+    return rule.max_weight
+
+
 cdef int64_t first_bad_priority(const PriorityRule* rule, const double* priorities,
                                 double* weights, int64_t count, bint* overflow) noexcept nogil:
     """Position of the first priority that is not finite and >= 0 or whose weight would let the

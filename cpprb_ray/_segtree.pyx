@@ -18,6 +18,8 @@ from libc.math cimport INFINITY
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
+from cpprb_ray._prefetch cimport prefetch, prefetch_write
+
 import os
 
 import numpy as np
@@ -27,19 +29,6 @@ from cpprb_ray import _rules
 cdef enum:
     PREFETCH_AHEAD = 16
     DEDUPE_NODES = 4096       # levels this narrow are deduplicated with a stack bitmap
-
-cdef extern from *:
-    """
-    #if defined(__GNUC__) || defined(__clang__)
-    #define CPPRB_RAY_PREFETCH(address) __builtin_prefetch((address), 0, 1)
-    #define CPPRB_RAY_PREFETCH_WRITE(address) __builtin_prefetch((address), 1, 1)
-    #else
-    #define CPPRB_RAY_PREFETCH(address) ((void)(address))
-    #define CPPRB_RAY_PREFETCH_WRITE(address) ((void)(address))
-    #endif
-    """
-    void prefetch "CPPRB_RAY_PREFETCH"(const void* address) noexcept nogil
-    void prefetch_write "CPPRB_RAY_PREFETCH_WRITE"(const void* address) noexcept nogil
 
 # ---------------------------------------------------------------------------------------------
 # Layout

@@ -81,26 +81,25 @@ cdef int mutex_init(pthread_mutex_t* mutex) noexcept nogil:
     return status
 
 
-cdef int mutex_lock(pthread_mutex_t* mutex) noexcept nogil:
-    """LOCKED, LOCKED_OWNER_DIED (caller repairs, then mutex_consistent), or -errno."""
-    cdef int status = pthread_mutex_lock(mutex)
+cdef inline int lock_result(int status) noexcept nogil:
+    """What a pthread lock call returned, as LOCKED, LOCKED_OWNER_DIED (the caller repairs,
+    then mutex_consistent), LOCK_TIMED_OUT (busy, or out of time) or -errno."""
     if status == 0:
         return LOCKED
     if status == EOWNERDEAD:
         return LOCKED_OWNER_DIED
+    if status == EBUSY or status == ETIMEDOUT:
+        return LOCK_TIMED_OUT
     return -status
+
+
+cdef int mutex_lock(pthread_mutex_t* mutex) noexcept nogil:
+    return lock_result(pthread_mutex_lock(mutex))
 
 
 cdef int mutex_trylock(pthread_mutex_t* mutex) noexcept nogil:
-    """LOCKED, LOCKED_OWNER_DIED, LOCK_TIMED_OUT (held by someone else) or -errno, at once."""
-    cdef int status = pthread_mutex_trylock(mutex)
-    if status == 0:
-        return LOCKED
-    if status == EOWNERDEAD:
-        return LOCKED_OWNER_DIED
-    if status == EBUSY:
-        return LOCK_TIMED_OUT
-    return -status
+    """mutex_lock that returns at once: LOCK_TIMED_OUT when someone else holds it."""
+    return lock_result(pthread_mutex_trylock(mutex))
 
 
 cdef int mutex_timedlock(pthread_mutex_t* mutex, double seconds) noexcept nogil:
@@ -114,14 +113,7 @@ cdef int mutex_timedlock(pthread_mutex_t* mutex, double seconds) noexcept nogil:
     nanoseconds = deadline.tv_nsec + <long>((seconds - <long>seconds) * 1e9)
     deadline.tv_sec += <long>seconds + nanoseconds // 1000000000
     deadline.tv_nsec = nanoseconds % 1000000000
-    cdef int status = pthread_mutex_timedlock(mutex, &deadline)
-    if status == 0:
-        return LOCKED
-    if status == EOWNERDEAD:
-        return LOCKED_OWNER_DIED
-    if status == ETIMEDOUT:
-        return LOCK_TIMED_OUT
-    return -status
+    return lock_result(pthread_mutex_timedlock(mutex, &deadline))
 
 
 cdef int mutex_holder(const pthread_mutex_t* mutex) noexcept nogil:

@@ -16,7 +16,7 @@ from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
-from cpprb_ray import _layout, _memory, _rules, _store, nstep, rate_limiters
+from cpprb_ray import _layout, _memory, _proc, _rules, _store, checkpoint, nstep, rate_limiters
 from cpprb_ray._ownership import Ownership
 
 __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
@@ -173,7 +173,7 @@ class ReplayBuffer:
             holder = self._store.lock_owner()
             # Free, held by a live thread, or changing hands (a holder in another pid namespace
             # sharing /dev/shm is invisible in /proc but lets go): all fine.
-            if holder == 0 or holder != first or os.path.exists(f"/proc/{holder}"):
+            if holder == 0 or holder != first or _proc.thread_exists(holder):
                 return
             if time.monotonic() > deadline:
                 self._store.release()
@@ -201,6 +201,76 @@ class ReplayBuffer:
         """
         backend, location = _memory.locate(name_or_path)
         return _open_view(cls, backend, location, seed, lock_timeout)
+
+    @classmethod
+    def _target_class(cls, prioritized: bool) -> Optional[Type[ReplayBuffer]]:
+        """The class of a handle that `cls` opens (attach, load) on a buffer of this kind: the
+        buffer's own kind, or None when `cls` cannot stand for it (a uniform buffer through
+        PrioritizedReplayBuffer, or any other kind through a subclass)."""
+        if prioritized != cls._prioritized and cls is not ReplayBuffer:
+            return None
+        target = PrioritizedReplayBuffer if prioritized else ReplayBuffer
+        return target if issubclass(target, cls) else cls
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def save(self, file: PathLike) -> None:
+        """Write the buffer's whole state to `file`, atomically (docs/checkpoints.md).
+
+        Every column of every stored row, the priorities (leaf weights), generations, next
+        index, stored size, max priority, alpha, eps, env_dict, the N-step config and the rate
+        limiter with its counts, copied as one consistent snapshot under the lock (other
+        processes may go on adding; the copy holds the lock for one memory copy of the rows).
+        The file is written beside `file`,
+        fsynced and renamed over it: a save killed at any moment leaves the previous file whole.
+        Not saved: steps this handle staged for N-step returns (call :meth:`on_episode_end`
+        first to commit them) and the sampler's state (seeds are per handle).
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with tempfile.TemporaryDirectory() as directory, ReplayBuffer(8, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+        ...     rb.save(os.path.join(directory, "replay.ckpt"))
+        ...     with ReplayBuffer.load(os.path.join(directory, "replay.ckpt")) as copy:
+        ...         print(copy.get_all_transitions()["obs"].ravel(), copy.is_owner)
+        [1. 2. 3.] True
+        """
+        checkpoint.save(self, file)
+
+    @classmethod
+    def load(cls, file: PathLike, *, backend: str = "auto", name: Optional[str] = None,
+             path: Optional[PathLike] = None, seed: Optional[int] = None,
+             lock_timeout: float = 60.0):
+        """A NEW buffer, owned by this process, holding the state :meth:`save` wrote to `file`.
+
+        `backend`, `name`, `path`, `seed` and `lock_timeout` are those of the new buffer, as
+        for the constructor (`path` is the new segment's file with backend="mmap", not the
+        checkpoint). With the same seed, the loaded buffer samples what the saved one sampled.
+        As with :meth:`attach`, ``ReplayBuffer.load`` loads either kind and returns the
+        buffer's own class; ``PrioritizedReplayBuffer.load`` refuses a uniform buffer's file.
+
+        Raises ValueError naming the file and the reason for a file that is truncated, corrupt
+        (a checksum covers every byte), of another format version or of the other kind.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> from cpprb_ray import PrioritizedReplayBuffer
+        >>> with tempfile.TemporaryDirectory() as directory:
+        ...     file = os.path.join(directory, "replay.ckpt")
+        ...     with PrioritizedReplayBuffer(8, {"obs": {}}, alpha=0.5, seed=3) as rb:
+        ...         _ = rb.add(obs=[1.0, 2.0, 3.0], priorities=[1.0, 4.0, 9.0])
+        ...         rb.save(file)
+        ...         before = rb.sample(4)["indexes"]
+        ...     with PrioritizedReplayBuffer.load(file, seed=3) as copy:
+        ...         print(copy.get_stored_size(), copy.get_max_priority(),
+        ...               (copy.sample(4)["indexes"] == before).all())
+        3 9.0 True
+        """
+        return checkpoint.load(cls, file, backend=backend, name=name, path=path, seed=seed,
+                               lock_timeout=lock_timeout)
 
     def __reduce__(self):
         # Only what re-attaching needs: a few hundred bytes whatever the buffer's size.
@@ -406,12 +476,16 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be > 0; got {batch_size}")
         return batch_size
 
-    def sample(self, batch_size: int, *, timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
-        """sample(batch_size, *, timeout=None) -> dict: uniform sample with replacement.
+    def sample(self, batch_size: int, *, out: Optional[Dict[str, np.ndarray]] = None,
+               timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
+        """sample(batch_size, *, out=None, timeout=None) -> dict: uniform sample with replacement.
 
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
         (int64) and "generations" (uint64). Raises ValueError when the buffer is empty (with a
         rate limiter, an empty buffer is one the limiter holds samples back from instead).
+        With `out` (a dict of arrays with those keys, shapes and dtypes, C-contiguous and
+        writable: e.g. an earlier result), they are filled in place instead, numpy's
+        convention for a loop that should not allocate.
 
         With a ``rate_limiter``, the sample (all `batch_size` rows, as one step) waits while
         the limiter holds it back: at most `timeout` seconds (None: as long as it takes; 0: not
@@ -426,7 +500,13 @@ class ReplayBuffer:
         ...     print(sorted(batch), batch["obs"].shape, batch["indexes"].dtype)
         ['generations', 'indexes', 'obs'] (5, 2) int64
         """
-        result = self._store.sample(self._check_batch(batch_size), 0.0, None, timeout)
+        batch = self._check_batch(batch_size)
+        if out is not None:
+            # The store fills weights too; a uniform sample has none to give back.
+            out = dict(out) if isinstance(out, dict) else out
+            if isinstance(out, dict):
+                out["weights"] = np.empty(batch, dtype=np.float32)
+        result = self._store.sample(batch, 0.0, out, timeout)
         del result["weights"]
         return result
 
@@ -709,8 +789,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
         (int64), "weights" (float32, ``(N P(i))**-beta / max_j (N P(j))**-beta``) and
         "generations" (uint64, for :meth:`update_priorities`). Raises ValueError when empty
-        (without a rate limiter). `timeout`: as for :meth:`ReplayBuffer.sample` (how long a
-        rate limiter may hold the sample back).
+        (without a rate limiter). With `out` (a dict of arrays with those keys, shapes and
+        dtypes, C-contiguous and writable: e.g. an earlier result), they are filled in place
+        and returned in a new dict, numpy's convention for a learner loop that should not
+        allocate. `timeout`: as for :meth:`ReplayBuffer.sample` (how long a rate limiter may
+        hold the sample back).
 
         Examples
         --------
@@ -720,7 +803,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         ...     batch = rb.sample(4, beta=0.5)
         ...     weights = batch["weights"]
         ...     print(batch["obs"].shape, weights.dtype, bool((weights <= 1).all()))
+        ...     again = rb.sample(4, beta=0.5, out=batch)     # the same arrays, refilled
+        ...     print(again["obs"] is batch["obs"])
         (4, 1) float32 True
+        True
         """
         batch = self._check_batch(batch_size)
         if type(beta) is not float or not 0.0 <= beta <= _FLOAT_MAX:
@@ -772,13 +858,11 @@ def _open_view(cls: Type[ReplayBuffer], backend: str, location: str,
     segment = _memory.attach(backend, location)
     try:
         header, layout = _layout.read(segment.memory, segment.size, location)
-        if layout.prioritized != cls._prioritized and cls is not ReplayBuffer:
+        target = cls._target_class(layout.prioritized)
+        if target is None:
             kind = "prioritized" if layout.prioritized else "uniform"
             raise ValueError(f"{location!r} is a {kind} buffer; attach it with "
                              f"cpprb_ray.attach()")
-        target = PrioritizedReplayBuffer if layout.prioritized else ReplayBuffer
-        if not issubclass(target, cls):
-            target = cls
         handle = target.__new__(target)
         handle._bind(segment, layout, owner=False, seed=seed, lock_timeout=lock_timeout)
         return handle

@@ -6,6 +6,7 @@ Top-level functions, importable by name, so that spawn and forkserver children c
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from typing import Any, Optional
 
@@ -18,6 +19,15 @@ ENV = {"obs": {"shape": 2}}
 KEPT: list = []
 
 
+def default_sigterm() -> None:
+    """Start from SIGTERM's default action. A fork child inherits the parent's disposition: in
+    a pytest process that ran Ray first, that is Ray's driver handler (sys.exit(15) on Ray
+    2.7), which our handler then rightly chains to; these tests are about the default."""
+    cpprb_ray.install_sigterm_handler(False)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    cpprb_ray.install_sigterm_handler(True)
+
+
 def create_and_end(conn, backend: str, name: Optional[str], end: str) -> None:
     """Create a buffer (the child owns it), report its name, wait for the word, then end.
 
@@ -25,6 +35,7 @@ def create_and_end(conn, backend: str, name: Optional[str], end: str) -> None:
     word again, then return), or "block" (wait until terminated).
     """
     try:
+        default_sigterm()
         rb = cpprb_ray.PrioritizedReplayBuffer(8, ENV, backend=backend, name=name)
         KEPT.append(rb)
         rb.add(obs=[1.0, 2.0])
@@ -43,6 +54,7 @@ def create_and_end(conn, backend: str, name: Optional[str], end: str) -> None:
 def use_inherited(conn, rb: Any, end: str) -> None:
     """A fork child that holds the parent's owner handle (inherited, not unpickled)."""
     try:
+        default_sigterm()
         rb.add(obs=[float(os.getpid()), 0.0])
         conn.send(("added", (rb.is_owner, rb.get_stored_size())))
         if end == "block":

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -43,22 +44,42 @@ def backend(request) -> str:
     return request.param
 
 
+def _meta(path: str):
+    """The layout meta of the segment at `path`; None while it is not a readable buffer."""
+    with open(path, "rb") as handle:
+        head = handle.read(512)
+        try:
+            header = _store.read_header(bytearray(head))
+            if header["magic"] != _store.MAGIC:
+                return None
+            handle.seek(header["layout_offset"])
+            return json.loads(handle.read(header["layout_length"]))["meta"]
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
 def _ours(path: str) -> bool:
     """Whether a segment was made by this test process or one of its children.
 
     Other pytest runs on the same host (developers run suites side by side) make segments too;
-    those are neither flagged nor removed. A file that is not a readable buffer counts as ours.
+    those are neither flagged nor removed. A file that is not a readable buffer is given 2 s to
+    become one (another run's buffer being created: its space is reserved, then the header is
+    written, the magic last) or to go away; after that it counts as ours.
     """
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(512)
-            header = _store.read_header(bytearray(head))
-            handle.seek(header["layout_offset"])
-            meta = json.loads(handle.read(header["layout_length"]))["meta"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return True
-    me = os.getpid()
-    return meta.get("owner_pid") == me or meta.get("owner_parent_pid") == me
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            meta = _meta(path)
+        except FileNotFoundError:
+            return False      # gone: nothing leaked
+        except OSError:
+            return True
+        if meta is not None:
+            me = os.getpid()
+            return meta.get("owner_pid") == me or meta.get("owner_parent_pid") == me
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
 
 
 @pytest.fixture(autouse=True)

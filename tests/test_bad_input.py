@@ -171,6 +171,8 @@ BAD_UPDATES = {
     "float indexes": (([0.0, 1.0], [1.0, 1.0]), TypeError, "indexes"),
     "str indexes": ((["0"], [1.0]), TypeError, "indexes"),
     "2-D indexes": (([[0, 1]], [1.0, 1.0]), ValueError, "indexes"),
+    "2-D int64 array indexes": ((np.array([[0, 1]], dtype=np.int64), [1.0, 1.0]), ValueError,
+                                "indexes"),
     "too few priorities": (([0, 1], [1.0]), ValueError, "priorities"),
     "too many priorities": (([0, 1], [1.0, 2.0, 3.0]), ValueError, "priorities"),
     "nan priority": (([0, 1], [1.0, math.nan]), ValueError, "priorities"),

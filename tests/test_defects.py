@@ -327,3 +327,40 @@ def test_a_buffer_of_only_torn_rows_says_so():
                           "pending_old_rows_added": 8})
         with pytest.raises(ValueError, match="torn by a writer that died"):
             rb.sample(4)
+
+
+# -- sample(..., out=): preallocated outputs ----------------------------------------------------
+
+def test_sample_into_out_fills_the_given_arrays_and_checks_them():
+    env = {"obs": {"shape": 3}, "act": {"dtype": np.int64}}
+    with cpprb_ray.PrioritizedReplayBuffer(64, env, seed=3) as rb, \
+            cpprb_ray.PrioritizedReplayBuffer.attach(rb.name, seed=3) as twin:
+        rb.add(obs=np.arange(96.0).reshape(32, 3), act=np.arange(32),
+               priorities=np.linspace(0.1, 3.0, 32))
+        out = rb.sample(16, beta=0.5)
+        twin.sample(16, beta=0.5)
+        fresh = twin.sample(16, beta=0.5)         # same seed, same history: the same draw
+        filled = rb.sample(16, beta=0.5, out=out)
+        assert all(filled[key] is out[key] for key in out)
+        for key in fresh:
+            np.testing.assert_array_equal(filled[key], fresh[key])
+        bad = dict(out, obs=np.empty((16, 4), np.float32))
+        with pytest.raises(ValueError, match=r"out\['obs'\] must be a writable C-contiguous "
+                                             r"float32 array of shape \(16, 3\)"):
+            rb.sample(16, out=bad)
+        with pytest.raises(ValueError, match=r"out\['weights'\]"):
+            rb.sample(16, out={k: v for k, v in out.items() if k != "weights"})
+        with pytest.raises(ValueError, match=r"out\['indexes'\]"):
+            rb.sample(16, out=dict(out, indexes=out["indexes"][::-1]))   # not contiguous
+        with pytest.raises(TypeError, match="out must be a dict"):
+            rb.sample(16, out=[1, 2])
+        assert rb.get_stored_size() == 32
+
+
+def test_uniform_sample_into_out():
+    with cpprb_ray.ReplayBuffer(8, {"obs": {}}, seed=0) as rb:
+        rb.add(obs=[1.0, 2.0, 3.0])
+        out = rb.sample(5)
+        again = rb.sample(5, out=out)
+        assert again["obs"] is out["obs"] and "weights" not in again
+        assert set(again["obs"].ravel()) <= {1.0, 2.0, 3.0}

@@ -654,3 +654,71 @@ def test_close_commits_staged_steps_the_limiter_admits():
             view.add(**batch_of(2))
             assert view.stats()["nstep_staged"] == 2
         assert rb.get_stored_size() == 2
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("limiter", [MinSize(5), SampleToInsertRatio(2.0, 4, (2.0, 12.0))],
+                         ids=repr)
+def test_a_checkpoint_keeps_the_limiter_and_its_counts(tmp_path, limiter):
+    file = str(tmp_path / "limited.ckpt")
+    with PrioritizedReplayBuffer(64, ENV, rate_limiter=limiter, seed=2) as rb:
+        rb.add(**batch_of(6))
+        rb.sample(3)
+        rb.clear()                    # the counts start again: the checkpoint has these ones
+        rb.add(**batch_of(5))
+        sample(rb, 4)
+        before = rb.stats()["rate_limiter"]
+        rb.save(file)
+    with PrioritizedReplayBuffer.load(file) as copy:
+        assert copy.rate_limiter == limiter
+        after = copy.stats()["rate_limiter"]
+        for key in ("kind", "inserts", "samples", "diff", "can_insert", "can_sample",
+                    "min_diff", "max_diff"):
+            assert after[key] == before[key], key
+        assert after["insert_blocks"] == 0
+        # ... and the loaded buffer decides as the saved one would have.
+        model = ReverbModel(limiter, 64)
+        model.inserts, model.samples, model.stored = 5, 4, 5
+        for rows in (1, 2, 3, 6):
+            assert model.can_sample(rows) == _admitted(lambda: sample(copy, rows, 0))
+            if model.can_sample(rows):
+                model.samples += rows
+        assert model.can_insert(6) == _admitted(lambda: copy.add(**batch_of(6), timeout=0))
+
+
+def test_a_checkpoint_without_a_limiter_loads_without_one(tmp_path):
+    file = str(tmp_path / "plain.ckpt")
+    with ReplayBuffer(8, ENV) as rb:
+        rb.add(**batch_of(3))
+        rb.save(file)
+    with ReplayBuffer.load(file) as copy:
+        assert copy.rate_limiter is None and copy.stats()["rate_limiter"] is None
+
+
+def test_a_crafted_limiter_in_a_checkpoint_is_refused(tmp_path):
+    from cpprb_ray import checkpoint
+
+    file = str(tmp_path / "limited.ckpt")
+    with ReplayBuffer(8, ENV, rate_limiter=MinSize(2)) as rb:
+        rb.add(**batch_of(3))
+        rb.save(file)
+    description, sections = checkpoint.read_file(file)
+    for key, value, words in (("min_size_to_sample", 9, "larger than the buffer"),
+                              ("kind", "Queue", "unknown rate limiter"),
+                              ("inserts", -1, "rate limiter counts")):
+        crafted = dict(description)
+        crafted["rate_limiter"] = dict(description["rate_limiter"], **{key: value})
+        del crafted["sections"]
+        checkpoint.write_file(file, crafted, [(name, sections[name]) for name in
+                                              ("rows", "tail_generations", "leaves")])
+        with pytest.raises(ValueError, match=words):
+            ReplayBuffer.load(file)
+
+
+def _admitted(call) -> bool:
+    try:
+        call()
+        return True
+    except TimeoutError:
+        return False

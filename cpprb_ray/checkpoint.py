@@ -1,0 +1,411 @@
+"""Checkpoints: a buffer's whole state in one file, written atomically and verified when read.
+
+The file (docs/checkpoints.md)::
+
+    0    prefix, 64 bytes, little-endian: magic b"CPPRBCKP", format version (u32), prefix size
+         (u32), description length (u64), payload length (u64), crc32 of the description (u32),
+         crc32 of the payload (u32), 20 reserved zero bytes, crc32 of the 60 bytes before (u32)
+    64   description: UTF-8 JSON, padded with spaces to a multiple of 64 bytes
+    ...  payload: the sections the description lists ("rows", "tail_generations", "leaves"),
+         each at a 64-byte aligned offset from the payload's start
+
+A save writes a temporary file in the target's directory, fsyncs it, renames it over the target
+and fsyncs the directory, so a save killed at any moment leaves the previous checkpoint whole.
+A load checks the sizes and the three checksums before it trusts a byte, checks the description
+against this version's rules, and only then makes a new buffer and restores the state into it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+
+import numpy as np
+
+from cpprb_ray import _layout, _rules, nstep, rate_limiters
+from cpprb_ray._atomic import remove_stale_temporaries, write_atomically
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "remove_stale_temporaries", "save",
+           "write_file"]
+
+MAGIC = b"CPPRBCKP"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sIIQQII20sI")   # see the module docstring; 64 bytes
+_ALIGN = 64
+_CRC_CHUNK = 1 << 30                       # zlib.crc32 takes at most 4 GiB at once on some builds
+_SECTIONS = ("rows", "tail_generations", "leaves")
+
+
+def _align(value: int) -> int:
+    return (value + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _crc32(data: Any, crc: int = 0) -> int:
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), _CRC_CHUNK):
+        crc = zlib.crc32(view[start:start + _CRC_CHUNK], crc)
+    return crc
+
+
+def refused(file: Any, why: str) -> ValueError:
+    """The error a load raises for a file it will not restore: names the file and the reason."""
+    return ValueError(f"{os.fspath(file)!r} is not a loadable cpprb_ray checkpoint: {why}")
+
+
+# -- the file format ------------------------------------------------------------------------------
+
+def write_file(file: Any, description: Mapping[str, Any],
+               sections: Sequence[Tuple[str, Any]]) -> None:
+    """Write `description` (JSON-able) and `sections` (name, bytes-like) to `file`, atomically.
+
+    The description gains a "sections" entry: ``{name: [offset, length]}`` within the payload.
+    A temporary file in the same directory is written, fsynced and renamed over `file`, and the
+    directory is fsynced: whenever this process dies, `file` is the old or the new file, whole.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from cpprb_ray import checkpoint
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...     file = os.path.join(directory, "state.ckpt")
+    ...     checkpoint.write_file(file, {"what": "demo"}, [("numbers", bytes(range(5)))])
+    ...     description, sections = checkpoint.read_file(file)
+    ...     print(description["what"], bytes(sections["numbers"]), os.listdir(directory))
+    demo b'\\x00\\x01\\x02\\x03\\x04' ['state.ckpt']
+    """
+    offsets: Dict[str, List[int]] = {}
+    payload_length = 0
+    views = []
+    for name, data in sections:
+        view = memoryview(data).cast("B")
+        payload_length = _align(payload_length)
+        offsets[name] = [payload_length, len(view)]
+        views.append((payload_length, view))
+        payload_length += len(view)
+    document = dict(description)
+    document["sections"] = offsets
+    text = json.dumps(document, allow_nan=False).encode()
+    text += b" " * (_align(len(text)) - len(text))
+    chunks: List[Any] = []
+    position = 0
+    payload_crc = 0
+    for offset, view in views:
+        padding = bytes(offset - position)
+        payload_crc = zlib.crc32(padding, payload_crc)
+        payload_crc = _crc32(view, payload_crc)
+        chunks += [padding, view]
+        position = offset + len(view)
+    head = _PREFIX.pack(MAGIC, FORMAT_VERSION, _PREFIX.size, len(text), payload_length,
+                        zlib.crc32(text), payload_crc, bytes(20), 0)[:-4]
+    prefix = head + struct.pack("<I", zlib.crc32(head))
+    write_atomically(os.fspath(file), [prefix, text] + chunks)
+
+
+def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
+    """(description, {section name: bytes}) of a checkpoint, after every check of the format.
+
+    ValueError naming `file` when it is truncated, longer than it says, not a checkpoint, of
+    another format version, or when a checksum (prefix, description, payload) does not match;
+    OSError when it cannot be read at all.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from cpprb_ray import checkpoint
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...     file = os.path.join(directory, "state.ckpt")
+    ...     checkpoint.write_file(file, {}, [("numbers", bytes(100))])
+    ...     with open(file, "r+b") as handle:
+    ...         _ = handle.seek(-1, os.SEEK_END)
+    ...         _ = handle.write(b"x")
+    ...     checkpoint.read_file(file)
+    Traceback (most recent call last):
+    ...
+    ValueError: '...state.ckpt' is not a loadable cpprb_ray checkpoint: the payload's checksum ...
+    """
+    with open(file, "rb", buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        prefix = _read_exactly(handle, min(size, _PREFIX.size))
+        if len(prefix) < _PREFIX.size:
+            if not MAGIC.startswith(prefix[:len(MAGIC)]):
+                raise refused(file, "it does not start with the checkpoint magic b'CPPRBCKP'")
+            raise refused(file, f"truncated: {size} bytes, shorter than the "
+                                f"{_PREFIX.size}-byte prefix")
+        (magic, version, prefix_size, text_length, payload_length, text_crc, payload_crc,
+         _reserved, prefix_crc) = _PREFIX.unpack(prefix)
+        if magic != MAGIC:
+            raise refused(file, "it does not start with the checkpoint magic b'CPPRBCKP'")
+        if zlib.crc32(prefix[:-4]) != prefix_crc:
+            raise refused(file, "the prefix's checksum does not match (corrupt prefix)")
+        if version != FORMAT_VERSION:
+            raise refused(file, f"format version {version}; this cpprb_ray reads version "
+                                f"{FORMAT_VERSION}")
+        if prefix_size != _PREFIX.size:
+            raise refused(file, f"prefix size {prefix_size}, expected {_PREFIX.size}")
+        expected = _PREFIX.size + text_length + payload_length
+        if size < expected:
+            raise refused(file, f"truncated: {size} bytes, the prefix says {expected}")
+        if size > expected:
+            raise refused(file, f"{size - expected} bytes past the end the prefix gives "
+                                f"({expected})")
+        text = _read_exactly(handle, text_length)
+        payload = np.empty(payload_length, dtype=np.uint8)
+        got = _read_into(handle, payload.data)
+    if len(text) != text_length or got != payload_length:
+        raise refused(file, "truncated while it was read")
+    if zlib.crc32(text) != text_crc:
+        raise refused(file, "the description's checksum does not match (corrupt description)")
+    if _crc32(payload) != payload_crc:
+        raise refused(file, "the payload's checksum does not match (corrupt payload)")
+    try:
+        description = json.loads(text.decode())
+        sections = {}
+        for name, (offset, length) in description["sections"].items():
+            offset, length = int(offset), int(length)
+            if offset < 0 or length < 0 or offset + length > payload_length:
+                raise ValueError(f"section {name!r} lies outside the payload")
+            sections[str(name)] = payload.data[offset:offset + length]
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+        raise refused(file, f"unreadable description ({error})") from None
+    if not isinstance(description, dict):
+        raise refused(file, "the description is not a JSON object")
+    return description, sections
+
+
+def _read_exactly(handle: Any, length: int) -> bytes:
+    buffer = bytearray(length)
+    return bytes(buffer[:_read_into(handle, memoryview(buffer))])
+
+
+def _read_into(handle: Any, view: memoryview) -> int:
+    filled = 0
+    while filled < len(view):
+        got = handle.readinto(view[filled:])
+        if not got:
+            break
+        filled += got
+    return filled
+
+
+# -- a buffer's state <-> a checkpoint ----------------------------------------------------------
+
+# Features that record their configuration in the layout's meta and that a load restores.
+_RESTORED_FEATURES = (nstep.META_KEY,)
+
+
+def save(buffer: Any, file: Any) -> None:
+    """Write `buffer`'s whole state to `file` (see :meth:`ReplayBuffer.save`).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from cpprb_ray import ReplayBuffer, checkpoint
+    >>> with tempfile.TemporaryDirectory() as directory, ReplayBuffer(8, {"obs": {}}) as rb:
+    ...     _ = rb.add(obs=[1.0, 2.0])
+    ...     checkpoint.save(rb, os.path.join(directory, "rb.ckpt"))
+    ...     description, _ = checkpoint.read_file(os.path.join(directory, "rb.ckpt"))
+    >>> description["kind"], description["state"]["stored_size"]
+    ('uniform', 2)
+    """
+    layout = buffer._layout
+    features = {key: value for key, value in layout.meta.items()
+                if key not in _layout.IDENTITY_META}
+    unknown = sorted(set(features) - set(_RESTORED_FEATURES))
+    if unknown:
+        raise ValueError(f"cannot checkpoint this buffer: it uses {unknown}, which this "
+                         f"cpprb_ray's checkpoints do not record")
+    header, rows, tail, leaves = buffer._store.dump()
+    # Generations past the stored slots matter only up to the last slot ever written (a clear
+    # leaves them odd-free but nonzero): an add there continues from them.
+    written = np.flatnonzero(tail)
+    tail = tail[:written[-1] + 1 if written.size else 0]
+    description = {
+        "kind": "prioritized" if layout.prioritized else "uniform",
+        "capacity": layout.capacity,
+        "alpha": header["alpha"],
+        "eps": header["eps"],
+        "env_dict": {name: {"shape": list(spec["shape"]), "dtype": spec["dtype"].str}
+                     for name, spec in buffer.env_dict.items()},
+        "nstep": buffer.nstep,
+        "columns": [column.to_json() for column in layout.columns],
+        "row_stride": layout.row_stride,
+        "state": {"stored_size": header["stored_size"], "next_index": header["next_index"],
+                  "max_priority": header["max_priority"], "rows_added": header["rows_added"]},
+        # The limiter and its counts of the same moment (docs/rate_limiting.md), or None.
+        "rate_limiter": None if header["rate_limiter"] is None else {
+            key: header["rate_limiter"][key]
+            for key in ("kind", "samples_per_insert", "min_size_to_sample", "min_diff",
+                        "max_diff", "inserts", "samples")},
+    }
+    write_file(file, description, [("rows", rows), ("tail_generations", tail),
+                                   ("leaves", leaves)])
+
+
+class _Checkpoint:
+    """A read checkpoint, checked against this version's rules before anything is made."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        description, sections = read_file(file)
+        try:
+            self._parse(description, sections)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise refused(file, f"its contents are inconsistent ({error})") from None
+
+    def _parse(self, description: Dict[str, Any], sections: Dict[str, memoryview]) -> None:
+        kind = description["kind"]
+        if kind not in ("prioritized", "uniform"):
+            raise ValueError(f"unknown kind {kind!r}")
+        self.prioritized = kind == "prioritized"
+        self.capacity = _integer(description["capacity"], "capacity")
+        if self.capacity < 1:
+            raise ValueError(f"capacity {self.capacity}")
+        self.alpha = float(description["alpha"])
+        self.eps = float(description["eps"])
+        if not (0.0 <= self.alpha < float("inf") and 0.0 <= self.eps < float("inf")):
+            raise ValueError(f"alpha {self.alpha}, eps {self.eps}")
+        self.env_dict = {str(name): {"shape": tuple(spec["shape"]), "dtype": str(spec["dtype"])}
+                         for name, spec in description["env_dict"].items()}
+        self.nstep = description["nstep"]
+        # The same rules as the constructor's, so that a crafted description is refused here,
+        # naming the file, and not by the constructor.
+        columns, _ = nstep.plan_columns(_layout.parse_env_dict(self.env_dict), self.nstep)
+        self.columns = description["columns"]
+        if [column["name"] for column in self.columns] != [c.name for c in columns]:
+            raise ValueError("its columns are not those of its env_dict")
+        self.row_stride = _integer(description["row_stride"], "row_stride")
+        state = description["state"]
+        self.stored_size = _integer(state["stored_size"], "stored_size")
+        self.next_index = _integer(state["next_index"], "next_index")
+        self.max_priority = float(state["max_priority"])
+        self.rows_added = _integer(state["rows_added"], "rows_added")
+        if not 0 <= self.stored_size <= self.capacity:
+            raise ValueError(f"stored size {self.stored_size} of {self.capacity} slots")
+        if not 0 <= self.next_index < self.capacity or (
+                self.stored_size < self.capacity and self.next_index != self.stored_size):
+            raise ValueError(f"next index {self.next_index} with {self.stored_size} of "
+                             f"{self.capacity} slots stored")
+        if not 0.0 <= self.max_priority < float("inf"):
+            raise ValueError(f"max priority {self.max_priority}")
+        missing = [name for name in _SECTIONS if name not in sections]
+        if missing:
+            raise ValueError(f"sections {missing} missing")
+        self.rows = sections["rows"]
+        if self.row_stride < 8 or len(self.rows) != self.stored_size * self.row_stride:
+            raise ValueError(f"{len(self.rows)} bytes of rows for {self.stored_size} rows of "
+                             f"{self.row_stride} bytes")
+        self.tail = _array(sections["tail_generations"], np.uint64, "tail_generations")
+        if len(self.tail) > self.capacity - self.stored_size:
+            raise ValueError(f"{len(self.tail)} generations past {self.stored_size} of "
+                             f"{self.capacity} slots")
+        self.leaves = _array(sections["leaves"], np.float64, "leaves")
+        self._check_leaves()
+        self._parse_limiter(description.get("rate_limiter"))
+
+    def _parse_limiter(self, saved: Any) -> None:
+        """The rate limiter (rebuilt through its class, so its rules apply) and its counts;
+        none in a file saved without one (or before limiters were saved)."""
+        self.limiter: Optional[rate_limiters.RateLimiter] = None
+        self.limiter_counts = (0, 0)
+        if saved is None:
+            return
+        kind = saved["kind"]
+        if kind == "MinSize":
+            self.limiter = rate_limiters.MinSize(saved["min_size_to_sample"])
+        elif kind == "SampleToInsertRatio":
+            self.limiter = rate_limiters.SampleToInsertRatio(
+                saved["samples_per_insert"], saved["min_size_to_sample"],
+                (saved["min_diff"], saved["max_diff"]))
+        else:
+            raise ValueError(f"unknown rate limiter {kind!r}")
+        self.limiter.check_capacity(self.capacity)
+        inserts = _integer(saved["inserts"], "rate_limiter inserts")
+        samples = _integer(saved["samples"], "rate_limiter samples")
+        if not (0 <= inserts < 2**63 and 0 <= samples < 2**63):
+            raise ValueError(f"rate limiter counts {inserts}, {samples}")
+        self.limiter_counts = (inserts, samples)
+
+    def _check_leaves(self) -> None:
+        expected = self.stored_size if self.prioritized else 0
+        if len(self.leaves) != expected:
+            raise ValueError(f"{len(self.leaves)} leaves for {expected} rows")
+        if not self.prioritized:
+            return
+        leaves = self.leaves
+        # What the kernels leave: a weight > 0, or -0.0 (unset: never sampled, never the
+        # minimum). A NaN, an infinity, a negative or a +0.0 leaf would corrupt the sampling.
+        valid = (leaves > 0.0) | ((leaves == 0.0) & np.signbit(leaves))
+        if not (np.isfinite(leaves).all() and valid.all()):
+            bad = int(np.flatnonzero(~(np.isfinite(leaves) & valid))[0])
+            raise ValueError(f"leaf {bad} is {float(leaves[bad])!r}, not a weight > 0 or unset")
+        heaviest = _rules.max_leaf_weight(self.capacity)
+        if len(leaves) and leaves.max() > heaviest:
+            bad = int(np.argmax(leaves))
+            raise ValueError(f"leaf {bad} is {float(leaves[bad])!r}, more than the "
+                             f"{heaviest:.3g} that keeps the total of {self.capacity} slots "
+                             f"finite")
+        generations = np.ndarray((self.stored_size,), dtype=np.uint64, buffer=self.rows,
+                                 strides=(self.row_stride,))
+        torn = (generations & 1).astype(bool) & (leaves != 0.0)
+        if torn.any():
+            raise ValueError(f"slot {int(np.flatnonzero(torn)[0])} is torn (odd generation) "
+                             f"but has a weight")
+
+    def matches(self, layout: Any) -> bool:
+        return (layout.row_stride == self.row_stride
+                and [column.to_json() for column in layout.columns] == self.columns)
+
+
+def _integer(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer; got {value!r}")
+    return value
+
+
+def _array(view: memoryview, dtype: Any, name: str) -> np.ndarray:
+    if len(view) % np.dtype(dtype).itemsize:
+        raise ValueError(f"section {name!r} is {len(view)} bytes, not whole {np.dtype(dtype)}")
+    return np.frombuffer(view, dtype=dtype)
+
+
+def load(cls: Type[Any], file: Any, *, backend: str = "auto", name: Optional[str] = None,
+         path: Any = None, seed: Optional[int] = None, lock_timeout: float = 60.0) -> Any:
+    """A new owner buffer holding the state saved in `file` (see :meth:`ReplayBuffer.load`).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from cpprb_ray import PrioritizedReplayBuffer, checkpoint
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...     file = os.path.join(directory, "rb.ckpt")
+    ...     with PrioritizedReplayBuffer(8, {"obs": {}}) as rb:
+    ...         _ = rb.add(obs=[1.0, 2.0], priorities=[0.5, 4.0])
+    ...         checkpoint.save(rb, file)
+    ...     with checkpoint.load(PrioritizedReplayBuffer, file) as copy:
+    ...         print(copy.get_stored_size(), copy.get_max_priority())
+    2 4.0
+    """
+    saved = _Checkpoint(file)
+    target = cls._target_class(saved.prioritized)
+    if target is None:
+        raise refused(file, f"it holds a {'prioritized' if saved.prioritized else 'uniform'} "
+                            f"buffer; load it with "
+                            f"{'PrioritizedReplayBuffer' if saved.prioritized else 'ReplayBuffer'}"
+                            f".load()")
+    options: Dict[str, Any] = {"alpha": saved.alpha, "eps": saved.eps} if saved.prioritized else {}
+    buffer = target(saved.capacity, saved.env_dict, backend=backend, name=name, path=path,
+                    seed=seed, lock_timeout=lock_timeout, Nstep=saved.nstep,
+                    rate_limiter=saved.limiter, **options)
+    try:
+        if not saved.matches(buffer._layout):
+            raise refused(file, "its row layout differs from the one this cpprb_ray makes for "
+                                "its env_dict (written by another version)")
+        buffer._store.restore(saved.rows, saved.tail, saved.leaves, saved.next_index,
+                              saved.max_priority, saved.rows_added, *saved.limiter_counts)
+    except BaseException:
+        buffer.close()
+        raise
+    return buffer

@@ -1,0 +1,513 @@
+"""Checkpoints: save and load give the same buffer, atomically, and refuse every bad file.
+
+* Round trips: with the same seed, a view of the original and the loaded copy sample identical
+  batches (every array), and go on identically through updates, adds and clears; the trees are
+  bit for bit equal. Wrapped, cleared, partial, empty and torn buffers; N-step config.
+* Consistency: saves taken while another process adds and another updates give a buffer whose
+  rows, tree and counters agree with each other.
+* Atomicity: a process saving in a loop is SIGKILLed at random moments; the file at the path
+  always loads and holds one of the states saved, and no temporary file survives the next save.
+* Refusals: truncated files, a flipped byte anywhere, other format versions, the other kind, a
+  foreign layout and crafted descriptions each give a ValueError naming the file.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import struct
+import sys
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+import cpprb_ray
+from cpprb_ray import checkpoint
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:  # forkserver children import the workers from the parent's path
+    sys.path.insert(0, TESTS_DIR)
+
+import _checkpoint_workers  # noqa: E402
+import _workers  # noqa: E402
+from _workers import ENV, rows  # noqa: E402
+
+TIMEOUT = 60.0
+
+
+def context():
+    return multiprocessing.get_context("forkserver")
+
+
+def make(kind: str, capacity: int, backend: str, **options):
+    if kind == "prioritized":
+        return cpprb_ray.PrioritizedReplayBuffer(capacity, ENV, backend=backend, alpha=0.7,
+                                                 eps=1e-3, **options)
+    return cpprb_ray.ReplayBuffer(capacity, ENV, backend=backend, **options)
+
+
+def fill(rb, scenario: str) -> None:
+    """Bring `rb` (64 slots) into one of the states a buffer can be in."""
+    prioritized = isinstance(rb, cpprb_ray.PrioritizedReplayBuffer)
+    rng = np.random.default_rng(7)
+
+    def add(first: int, count: int) -> None:
+        batch = rows(first, count)
+        if prioritized and first % 2:
+            priorities = rng.random(count) * 3.0
+            priorities[::5] = 0.0
+            rb.add(priorities=priorities, **batch)
+        else:
+            rb.add(**batch)
+
+    if scenario == "wrapped":      # full, overwritten more than once, priorities updated
+        add(0, 50)
+        add(51, 60)
+        add(200, 37)
+        if prioritized:
+            batch = rb.sample(40)
+            rb.update_priorities(batch["indexes"], rng.random(40) * 9.0, batch["generations"])
+    elif scenario == "cleared":    # generations past the stored rows are not zero
+        add(0, 57)
+        rb.clear()
+        add(101, 20)
+    elif scenario == "partial":
+        add(1, 11)
+    # "empty": nothing
+
+
+def compare_samples(original, copy, prioritized: bool, batches: int = 40) -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(batches):
+        size = int(rng.integers(1, 100))
+        if prioritized:
+            beta = float(rng.random())
+            a, b = original.sample(size, beta), copy.sample(size, beta)
+        else:
+            a, b = original.sample(size), copy.sample(size)
+        assert sorted(a) == sorted(b)
+        for key in a:
+            assert a[key].dtype == b[key].dtype, key
+            assert np.array_equal(a[key], b[key]), key
+
+
+def assert_same_state(original, copy) -> None:
+    assert type(copy) is type(original)
+    assert copy.get_stored_size() == original.get_stored_size()
+    assert copy.get_next_index() == original.get_next_index()
+    assert copy._store.rows_added == original._store.rows_added
+    assert copy.env_dict == original.env_dict
+    assert copy.nstep == original.nstep
+    assert copy.get_buffer_size() == original.get_buffer_size()
+    mine, theirs = original.get_all_transitions(), copy.get_all_transitions()
+    assert all(np.array_equal(mine[key], theirs[key]) for key in mine)
+    slots = np.arange(original.get_buffer_size())
+    assert np.array_equal(copy._store.generations_of(slots), original._store.generations_of(slots))
+    if isinstance(original, cpprb_ray.PrioritizedReplayBuffer):
+        assert copy.get_max_priority() == original.get_max_priority()
+        header_a = cpprb_ray._store.read_header(original._segment.memory)
+        header_b = cpprb_ray._store.read_header(copy._segment.memory)
+        assert (header_a["alpha"], header_a["eps"]) == (header_b["alpha"], header_b["eps"])
+        root_sum, sums, root_min, mins = original._store.check_tree()
+        copy_sum, copy_sums, copy_min, copy_mins = copy._store.check_tree()
+        # Bit for bit: the loaded tree is rebuilt from the leaves, the original grew by updates.
+        assert sums.tobytes() == copy_sums.tobytes()
+        assert (root_sum, root_min) == (copy_sum, copy_min)
+        assert _workers.tree_problems(copy._store.check_tree()) == []
+
+
+@pytest.mark.parametrize("kind", ["prioritized", "uniform"])
+@pytest.mark.parametrize("scenario", ["wrapped", "cleared", "partial", "empty"])
+def test_loaded_buffer_is_the_same_buffer(kind, scenario, backend, tmp_path):
+    """Same seed, same batches; then the same after updates, adds and a clear on both."""
+    file = tmp_path / "rb.ckpt"
+    prioritized = kind == "prioritized"
+    with make(kind, 64, backend) as rb:
+        fill(rb, scenario)
+        rb.save(file)
+        path = {"path": str(tmp_path / "copy.buf")} if backend == "mmap" else {}
+        cls = type(rb)
+        with cls.attach(rb.name, seed=11) as view, \
+                cls.load(file, backend=backend, seed=11, **path) as copy:
+            assert copy.is_owner and copy.backend == backend and copy.name != rb.name
+            if path:
+                assert copy.name == path["path"]
+            assert_same_state(rb, copy)
+            view.save(tmp_path / "from_view.ckpt")   # any handle saves the same file
+            assert (tmp_path / "from_view.ckpt").read_bytes() == file.read_bytes()
+            if scenario == "empty":
+                for handle in (view, copy):
+                    with pytest.raises(ValueError, match="empty"):
+                        handle.sample(1)
+            else:
+                compare_samples(view, copy, prioritized)
+            rng = np.random.default_rng(5)
+            for step in range(6):  # the same operations on both keep them the same
+                if step == 3:
+                    view.clear()
+                    copy.clear()
+                batch = rows(1000 + 30 * step, 1 + 13 * step)
+                if prioritized and step % 2:
+                    priorities = rng.random(len(batch["act"])) * 2.0
+                    assert view.add(priorities=priorities, **batch) == \
+                        copy.add(priorities=priorities, **batch)
+                else:
+                    assert view.add(**batch) == copy.add(**batch)
+                if prioritized:
+                    sampled = view.sample(32)
+                    assert np.array_equal(sampled["indexes"], copy.sample(32)["indexes"])
+                    new = rng.random(32) * 5.0
+                    assert view.update_priorities(sampled["indexes"], new,
+                                                  sampled["generations"]) == \
+                        copy.update_priorities(sampled["indexes"], new, sampled["generations"])
+                compare_samples(view, copy, prioritized, batches=5)
+            assert_same_state(rb, copy)
+
+
+def test_torn_rows_stay_torn(backend, tmp_path):
+    """Slots a dead writer tore inside the stored range are copied torn and never sampled."""
+    with cpprb_ray.PrioritizedReplayBuffer(64, ENV, backend=backend) as rb:
+        rb.add(**rows(0, 64))
+        rb.add(**rows(64, 5))    # slots 0..4: its pending range stays in the header
+        child = context().Process(target=_workers.die_holding_the_lock,
+                                  args=(rb.name, {"op": 1}))   # killed mid-add: OP_ADD
+        child.start()
+        child.join(TIMEOUT)
+        assert child.exitcode == 0
+        rb.save(tmp_path / "rb.ckpt")     # takes the lock: repairs, slots 0..4 torn
+        assert rb._store.repairs == 1
+        torn = rb._store.generations_of(np.arange(5))
+        assert (torn % 2 == 1).all()
+        with cpprb_ray.PrioritizedReplayBuffer.load(tmp_path / "rb.ckpt", backend=backend,
+                                                    seed=1) as copy:
+            assert np.array_equal(copy._store.generations_of(np.arange(5)), torn)
+            assert copy.get_stored_size() == 64
+            assert len(copy.get_all_transitions()["act"]) == 59
+            with cpprb_ray.PrioritizedReplayBuffer.attach(rb.name, seed=1) as view:
+                compare_samples(view, copy, True)
+            for _ in range(20):
+                batch = copy.sample(256)
+                assert _workers.check_sample(copy, batch) == []
+                assert (batch["indexes"] >= 5).all()
+
+
+def test_nstep_config_is_saved_and_staging_is_not(tmp_path):
+    env = {"obs": {"dtype": np.float64}, "rew": {}, "next_obs": {"dtype": np.float64},
+           "done": {}}
+    spec = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
+    with cpprb_ray.PrioritizedReplayBuffer(32, env, Nstep=spec, seed=2) as rb:
+        for step in range(10):
+            rb.add(obs=step, rew=1.0, next_obs=step + 1, done=float(step == 6))
+        staged = rb._nstep.staged
+        assert staged > 0
+        rb.save(tmp_path / "rb.ckpt")
+        stored = rb.get_stored_size()
+        with cpprb_ray.PrioritizedReplayBuffer.load(tmp_path / "rb.ckpt", seed=4) as copy:
+            assert copy.nstep == rb.nstep == {"size": 3, "gamma": 0.5, "rew": ["rew"],
+                                              "next": ["next_obs"]}
+            assert copy.get_stored_size() == stored      # the staged steps are not in it
+            assert copy._nstep.staged == 0
+            with cpprb_ray.PrioritizedReplayBuffer.attach(rb.name, seed=4) as view:
+                compare_samples(view, copy, True)
+                assert "discounts" in copy.sample(4)
+            copy.add(obs=20.0, rew=1.0, next_obs=21.0, done=1.0)   # N-step staging works
+            assert copy.get_stored_size() == stored + 1
+
+
+def test_save_while_other_processes_add_and_update(backend, tmp_path):
+    """A writer adds rows of consecutive serials and an updater changes priorities while the
+    parent saves: every checkpoint holds exactly the last `stored` serials in their ring slots,
+    its counters agree, its tree is exact, and no torn row is ever sampled from it."""
+    capacity = 4096
+    ctx = context()
+    with cpprb_ray.PrioritizedReplayBuffer(capacity, ENV, backend=backend) as rb:
+        rb.add(**rows(0, 64))
+        progress = ctx.Value("q", 64)
+        writer_ready, updater_ready = ctx.Event(), ctx.Event()
+        writer = ctx.Process(target=_workers.kill_writer,
+                             args=(rb, 64, 97, progress, writer_ready))
+        updater = ctx.Process(target=_workers.kill_updater, args=(rb, updater_ready))
+        writer.start()
+        updater.start()
+        files = []
+        try:
+            assert writer_ready.wait(TIMEOUT) and updater_ready.wait(TIMEOUT)
+            for k in range(8):
+                time.sleep(0.02)
+                files.append(tmp_path / f"rb{k}.ckpt")
+                rb.save(files[-1])
+        finally:
+            for child in (writer, updater):
+                child.kill()
+                child.join(TIMEOUT)
+        states = set()
+        for file in files:
+            with cpprb_ray.PrioritizedReplayBuffer.load(file, backend=backend) as copy:
+                stored, added = copy.get_stored_size(), copy._store.rows_added
+                states.add(added)
+                assert added >= 64 and (added - 64) % 97 == 0     # whole adds only
+                assert stored == min(added, capacity)
+                assert copy.get_next_index() == added % capacity
+                everything = copy.get_all_transitions()
+                assert np.array_equal(everything["act"].ravel(),
+                                      _checkpoint_workers.saved_state(capacity, added))
+                assert len(_workers.torn(everything)) == 0
+                assert _workers.tree_problems(copy._store.check_tree()) == []
+                _, sums, _, _ = copy._store.check_tree()
+                assert (sums[:stored] > 0).all() and (sums[stored:] == 0).all()
+                for _ in range(10):
+                    assert _workers.check_sample(copy, copy.sample(256)) == []
+        assert len(states) > 1, "the writer added nothing between the saves"
+
+
+def _kill_while_saving(tmp_path, anonymous: bool, kills: int) -> None:
+    file = str(tmp_path / "rb.ckpt")
+    capacity = 1 << 16
+    ctx = context()
+    killed = []
+    states = set()
+    temporaries_seen = 0
+    for round_ in range(kills):
+        saves = ctx.Value("q", 0)
+        receiver, sender = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_checkpoint_workers.save_forever,
+                            args=(sender, file, capacity, anonymous, saves))
+        child.start()
+        try:
+            assert receiver.poll(TIMEOUT), "the saver never started"
+            backend, name = receiver.recv()
+            # Random moments: before the first save is whole, and inside later ones.
+            deadline = time.monotonic() + TIMEOUT
+            wanted = random.randint(0 if round_ % 3 else 1, 3)
+            while saves.value < wanted and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(random.uniform(0.0, 0.08))
+        finally:
+            child.kill()
+            child.join(TIMEOUT)
+            cpprb_ray.remove_buffer(name)
+        killed.append(child.pid)
+        if os.path.exists(file):
+            with cpprb_ray.PrioritizedReplayBuffer.load(file) as copy:
+                added = copy._store.rows_added
+                states.add(added)
+                assert added > 0 and added % _checkpoint_workers.SAVE_BATCH == 0
+                everything = copy.get_all_transitions()
+                assert np.array_equal(everything["act"].ravel(),
+                                      _checkpoint_workers.saved_state(capacity, added))
+                assert len(_workers.torn(everything)) == 0
+                assert _workers.tree_problems(copy._store.check_tree()) == []
+        leftovers = [name for name in os.listdir(tmp_path) if name != "rb.ckpt"]
+        temporaries_seen += len(leftovers)
+        for leftover in leftovers:   # only temporaries of the killed savers
+            assert leftover.startswith(".rb.ckpt.") and leftover.endswith(".tmp"), leftover
+            assert int(leftover.rsplit(".", 3)[1]) in killed, leftover
+    assert os.path.exists(file), "no save ever completed"
+    assert len(states) > 1, f"every kill left the same checkpoint {states}"
+    if not anonymous:   # most kills land while a save writes (about 2/3 of its time)
+        assert temporaries_seen > 0, "no kill landed while a save was writing its file"
+    checkpoint.remove_stale_temporaries(file)
+    assert os.listdir(tmp_path) == ["rb.ckpt"]
+
+
+@pytest.mark.parametrize("temporary", ["anonymous", "named"])
+def test_save_killed_at_any_moment_leaves_a_whole_checkpoint(temporary, tmp_path):
+    _kill_while_saving(tmp_path, temporary == "anonymous", kills=8)
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+@pytest.fixture
+def saved(tmp_path):
+    """A small prioritized checkpoint's path and bytes."""
+    file = tmp_path / "rb.ckpt"
+    with cpprb_ray.PrioritizedReplayBuffer(16, ENV) as rb:
+        rb.add(priorities=np.arange(10) + 0.5, **rows(0, 10))
+        rb.save(file)
+    return file, file.read_bytes()
+
+
+def refused(file, match: str):
+    return pytest.raises(ValueError, match=rf"^'{file}' is not a loadable cpprb_ray "
+                                           rf"checkpoint: .*{match}")
+
+
+def test_truncated_files_are_refused(saved):
+    file, data = saved
+    description_end = 64 + struct.unpack_from("<Q", data, 16)[0]
+    for length in (0, 5, 63, 64, 100, description_end, description_end + 7, len(data) - 1):
+        file.write_bytes(data[:length])
+        with refused(file, "truncated"):
+            cpprb_ray.PrioritizedReplayBuffer.load(file)
+    file.write_bytes(data + b"\0")
+    with refused(file, "past the end"):
+        cpprb_ray.PrioritizedReplayBuffer.load(file)
+
+
+def test_a_flipped_byte_anywhere_is_refused(saved):
+    file, data = saved
+    description_end = 64 + struct.unpack_from("<Q", data, 16)[0]
+    positions = sorted(set(list(range(0, 64)) + random.sample(range(64, description_end), 40)
+                           + random.sample(range(description_end, len(data)), 200)
+                           + [len(data) - 1]))
+    for position in positions:
+        for flip in (0x01, 0x80, 0xFF):
+            corrupt = bytearray(data)
+            corrupt[position] ^= flip
+            file.write_bytes(bytes(corrupt))
+            where = ("magic" if position < 8 else "prefix" if position < 64 else
+                     "description" if position < description_end else "payload")
+            with refused(file, where):
+                cpprb_ray.PrioritizedReplayBuffer.load(file)
+
+
+def _rewrite_prefix(file, data: bytes, **fields) -> None:
+    values = dict(zip(("magic", "version", "prefix_size", "text_length", "payload_length",
+                       "text_crc", "payload_crc", "reserved", "crc"),
+                      checkpoint._PREFIX.unpack(data[:64])))
+    values.update(fields)
+    head = checkpoint._PREFIX.pack(*values.values())[:-4]
+    file.write_bytes(head + struct.pack("<I", zlib.crc32(head)) + data[64:])
+
+
+def test_another_format_version_is_refused(saved):
+    file, data = saved
+    _rewrite_prefix(file, data, version=checkpoint.FORMAT_VERSION + 1)
+    with refused(file, f"format version {checkpoint.FORMAT_VERSION + 1}; this cpprb_ray reads "
+                       f"version {checkpoint.FORMAT_VERSION}"):
+        cpprb_ray.PrioritizedReplayBuffer.load(file)
+
+
+def test_files_that_are_not_checkpoints_are_refused(tmp_path):
+    file = tmp_path / "notes.txt"
+    file.write_bytes(b"hello, world " * 20)
+    with refused(file, "magic"):
+        cpprb_ray.ReplayBuffer.load(file)
+    with cpprb_ray.ReplayBuffer(4, ENV, backend="mmap", path=str(tmp_path / "seg.buf")) as rb:
+        with refused(tmp_path / "seg.buf", "magic"):    # a live segment is not a checkpoint
+            cpprb_ray.ReplayBuffer.load(rb.name)
+    with pytest.raises(FileNotFoundError):
+        cpprb_ray.ReplayBuffer.load(tmp_path / "missing.ckpt")
+    with pytest.raises(IsADirectoryError):
+        cpprb_ray.ReplayBuffer.load(tmp_path)
+
+
+def test_kinds_are_decided_like_attach(tmp_path):
+    """PrioritizedReplayBuffer.load refuses a uniform buffer's file; ReplayBuffer.load loads
+    either kind as that kind, as attach does."""
+    uniform, prioritized = tmp_path / "uniform.ckpt", tmp_path / "prioritized.ckpt"
+    with cpprb_ray.ReplayBuffer(8, ENV) as rb:
+        rb.add(**rows(0, 3))
+        rb.save(uniform)
+    with cpprb_ray.PrioritizedReplayBuffer(8, ENV) as rb:
+        rb.add(**rows(0, 3))
+        rb.save(prioritized)
+    with refused(uniform, r"uniform buffer; load it with ReplayBuffer\.load\(\)"):
+        cpprb_ray.PrioritizedReplayBuffer.load(uniform)
+    with cpprb_ray.ReplayBuffer.load(uniform) as copy:
+        assert type(copy) is cpprb_ray.ReplayBuffer
+    with cpprb_ray.ReplayBuffer.load(prioritized) as copy:
+        assert type(copy) is cpprb_ray.PrioritizedReplayBuffer
+        assert copy.get_stored_size() == 3
+
+
+def _crafted(file, change) -> None:
+    """Rewrite a checkpoint with its description changed by `change`, with valid checksums: the
+    checks behind the checksums."""
+    description, sections = checkpoint.read_file(file)
+    del description["sections"]
+    sections = {name: bytearray(view) for name, view in sections.items()}
+    change(description, sections)
+    checkpoint.write_file(file, description, list(sections.items()))
+
+
+def _set(path, value):
+    def change(description, sections):
+        target = description
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return change
+
+
+def _leaf(index, value):
+    def change(description, sections):
+        np.frombuffer(sections["leaves"], dtype=np.float64)[index] = value
+    return change
+
+
+def _tear(description, sections):   # slot 0: odd generation, its leaf still set
+    np.frombuffer(sections["rows"], dtype=np.uint64)[0] |= np.uint64(1)
+
+
+@pytest.mark.parametrize("change, match", [
+    (_set(["kind"], "lifo"), "unknown kind"),
+    (_set(["capacity"], 0), "capacity"),
+    (_set(["capacity"], "16"), "capacity must be an integer"),
+    (_set(["alpha"], -1.0), "alpha"),
+    (_set(["state", "stored_size"], 17), "stored size 17 of 16"),
+    (_set(["state", "next_index"], 3), "next index 3"),
+    (_set(["state", "max_priority"], -2.0), "max priority"),
+    (_set(["env_dict", "obs", "dtype"], "object"), "dtype"),
+    (_set(["env_dict", "extra"], {"shape": [1], "dtype": "<f4"}), "columns are not those"),
+    (_set(["nstep"], {"size": 2}), "Nstep"),
+    (_set(["row_stride"], 64), "bytes of rows"),
+    (_set(["columns", 1, "offset"], 12), "row layout differs"),
+    (_leaf(2, float("nan")), "leaf 2 is nan"),
+    (_leaf(3, 0.0), "leaf 3 is 0.0"),
+    (_leaf(4, -1.0), "leaf 4 is -1.0"),
+    (_leaf(5, 1e308), "leaf 5 is 1e[+]308, more than the .* that keeps the total of 16 slots "
+                      "finite"),
+    (_tear, "slot 0 is torn"),
+    (lambda description, sections: sections.pop("leaves"), "missing"),
+    (lambda description, sections: sections.update(tail_generations=bytearray(3)),
+     "not whole uint64"),
+])
+def test_crafted_descriptions_are_refused(saved, change, match):
+    file, _ = saved
+    _crafted(file, change)
+    with refused(file, match):
+        cpprb_ray.PrioritizedReplayBuffer.load(file)
+
+
+def test_a_refused_load_leaves_no_segment(saved):
+    """The layout check runs after the new buffer exists: a refusal frees it (the autouse
+    fixture fails the test if a segment leaks)."""
+    file, _ = saved
+    _crafted(file, _set(["columns", 1, "offset"], 12))
+    with refused(file, "row layout differs"):
+        cpprb_ray.PrioritizedReplayBuffer.load(file, backend="mmap")
+
+
+def test_save_errors(tmp_path):
+    with cpprb_ray.ReplayBuffer(4, ENV) as rb:
+        rb.add(**rows(0, 2))
+        with pytest.raises(IsADirectoryError):
+            rb.save(tmp_path)
+        with pytest.raises(FileNotFoundError):
+            rb.save(tmp_path / "no" / "such" / "dir.ckpt")
+        rb._layout.meta["rate_limit"] = {"ratio": 8}     # a feature checkpoints do not know
+        with pytest.raises(ValueError, match=r"uses \['rate_limit'\], which this cpprb_ray's "
+                                             r"checkpoints do not record"):
+            rb.save(tmp_path / "rb.ckpt")
+        del rb._layout.meta["rate_limit"]
+        rb.save(tmp_path / "rb.ckpt")
+    with pytest.raises(ValueError, match="closed"):
+        rb.save(tmp_path / "rb.ckpt")
+    assert sorted(os.listdir(tmp_path)) == ["rb.ckpt"]
+
+
+def test_save_replaces_the_previous_checkpoint(tmp_path):
+    file = tmp_path / "rb.ckpt"
+    with cpprb_ray.ReplayBuffer(8, ENV) as rb:
+        rb.add(**rows(0, 2))
+        rb.save(file)
+        rb.add(**rows(2, 3))
+        rb.save(str(file))
+    with cpprb_ray.ReplayBuffer.load(str(file)) as copy:
+        assert copy.get_all_transitions()["act"].ravel().tolist() == [0, 1, 2, 3, 4]
+    assert os.listdir(tmp_path) == ["rb.ckpt"]
+    assert os.stat(file).st_mode & 0o777 == 0o600
