@@ -681,7 +681,7 @@ def test_a_checkpoint_keeps_the_limiter_and_its_counts(tmp_path, limiter):
         model = ReverbModel(limiter, 64)
         model.inserts, model.samples, model.stored = 5, 4, 5
         for rows in (1, 2, 3, 6):
-            assert model.can_sample(rows) == _admitted(lambda: sample(copy, rows, 0))
+            assert model.can_sample(rows) == _admitted(lambda k=rows: sample(copy, k, 0))
             if model.can_sample(rows):
                 model.samples += rows
         assert model.can_insert(6) == _admitted(lambda: copy.add(**batch_of(6), timeout=0))
