@@ -510,7 +510,8 @@ cdef class ReplayStore:
 
         Waits for threads of this process that are inside a call on this store to leave it:
         unmapping under them would crash them. (Their waits for the lock are bounded by
-        lock_timeout, so this is bounded too.)
+        lock_timeout, and a wait for the rate limiter ends within one slice once this is
+        closing, so this is bounded too.)
         """
         self.closing = True
         if getpid() != self.pid:
