@@ -282,6 +282,10 @@ cdef void tree_search(const TreeView* view, double* masses, int64_t* out,
                 mass -= prefix[chosen]
             masses[k] = mass
             node = (out[k] << FANOUT_BITS) + chosen
+            # Only a padding node that is not 0 (a corrupt segment) can be chosen past the live
+            # nodes, and below it the walk would read outside the tree: stay on the last one.
+            if node >= view.counts[level - 1]:
+                node = view.counts[level - 1] - 1
             out[k] = node
             if level > 1:
                 # Ask for the line this walk reads on the next level now: the rest of the

@@ -98,6 +98,69 @@ def tree_levels(capacity: int) -> Tuple[List[Tuple[int, int, int]], int]:
         count = (count + 7) // 8
 
 
+GUARD_BYTES = 1 << 20      # deeper than any walk of the capacities below can stray
+PAGE = 4096
+
+
+class GuardedMapping(np.ndarray):
+    """A segment mapped between two inaccessible 1 MiB guards: what _memory maps in the fuzz
+    children (Guards), so that a read or write outside a segment faults at once instead of
+    landing, unseen, in a neighbouring mapping (mappings are usually adjacent). The same file,
+    MAP_SHARED; used like the mmap.mmap it stands for (buffer, slices, close, closed)."""
+
+    def close(self) -> None:
+        if not self.closed:
+            Guards.libc().munmap(self.reserve, self.span)
+            self.reserve = 0
+
+    @property
+    def closed(self) -> bool:
+        return not getattr(self, "reserve", 0)
+
+
+class Guards:
+    """Puts every mapping _memory makes in this process between guard pages."""
+
+    _libc: Any = None
+
+    @classmethod
+    def libc(cls) -> Any:
+        if cls._libc is None:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_int, ctypes.c_long]
+            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            cls._libc = libc
+        return cls._libc
+
+    def __init__(self) -> None:
+        self.guarded = self.unguarded = 0
+        self.original = _memory._map
+        _memory._map = self.map
+
+    def map(self, fd: int, size: int) -> Any:
+        import ctypes
+        libc = self.libc()
+        span = (size + PAGE - 1) // PAGE * PAGE + 2 * GUARD_BYTES
+        # PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE: the whole span, guards included
+        reserve = libc.mmap(None, span, 0, 0x02 | 0x20 | 0x4000, -1, 0)
+        if reserve is None or reserve == 2**64 - 1:
+            self.unguarded += 1
+            return self.original(fd, size)
+        # PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED: the file between the guards
+        address = libc.mmap(reserve + GUARD_BYTES, size, 0x1 | 0x2, 0x01 | 0x10, fd, 0)
+        if address != reserve + GUARD_BYTES:
+            libc.munmap(reserve, span)
+            raise OSError(ctypes.get_errno(), "mmap between guard pages failed")
+        memory = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+        memory = memory.view(GuardedMapping)
+        memory.reserve, memory.span = reserve, span
+        self.guarded += 1
+        return memory
+
+
 class Segment:
     """Where things are in a freshly made segment (read before it is corrupted)."""
 
@@ -115,6 +178,9 @@ class Segment:
 
     def put_u32(self, offset: int, value: int) -> None:
         struct.pack_into("<I", self.memory, offset, value & (2**32 - 1))
+
+    def put_bytes(self, offset: int, data: bytes) -> None:
+        struct.pack_into(f"{len(data)}s", self.memory, offset, data)
 
     def put_double(self, offset: int, value: float) -> None:
         struct.pack_into("<d", self.memory, offset, value)
@@ -204,7 +270,7 @@ def layout_mutation(rng: random.Random) -> Mutation:
         room = int(s.header["data_offset"]) - start
         if kind == "flip":
             position = int(where * size)
-            s.memory[start + position] = data[position] ^ (byte or 1)
+            s.put_bytes(start + position, bytes([data[position] ^ (byte or 1)]))
             return f"layout byte {position} ^= {byte or 1:#x}"
         if kind == "truncate":
             s.put_u64(s.field_offset("layout_length"), int(where * size))
@@ -226,7 +292,7 @@ def layout_mutation(rng: random.Random) -> Mutation:
             text = json.dumps(target).encode()
             kind_label = f"value {label} = {value!r}"
         text = text[:room]
-        s.memory[start:start + len(text)] = text
+        s.put_bytes(start, text)
         s.put_u64(s.field_offset("layout_length"), len(text))
         return kind_label if kind == "value" else f"layout {kind} ({len(text)} bytes)"
     return apply
@@ -257,12 +323,22 @@ def replace_somewhere(document: Any, pick: float, value: Any) -> Tuple[Any, str]
 
 def tree_mutation(rng: random.Random, count: int) -> Mutation:
     picks = [(rng.choice(["leaf", "leaf_padding", "inner", "inner_padding", "min", "min_padding",
-                          "root"]), rng.random(), random_double(rng)) for _ in range(count)]
+                          "root", "steer"]), rng.random(), random_double(rng))
+             for _ in range(count)]
 
     def apply(s: Segment) -> str:
         levels, sum_doubles = tree_levels(s.capacity)
         base = int(s.header["tree_offset"])
         done = []
+        if any(where == "steer" for where, _, _ in picks):
+            # Weight in a padding node that the root counts: a search is steered into it.
+            level = max(len(levels) - 2, 0)
+            offset, live, padded = levels[level]
+            node = padded - 1 if padded > live else live - 1
+            s.put_double(base + 8 * (offset + node), 1e12)
+            s.put_double(base + 8 * levels[-1][0], 2e12)
+            done.append(f"steer: level {level} node {node} = 1e12, root = 2e12")
+            picks[:] = [pick for pick in picks if pick[0] != "steer"]
         for where, fraction, value in picks:
             level = 0 if where.startswith("leaf") else (
                 len(levels) - 1 if where == "root" else
@@ -436,7 +512,7 @@ class Report:
 
 
 def run_case(seed: int, case_id: int, shm_prefix: str, directory: str, live_tids: List[int],
-             report: Report) -> None:
+             report: Report, guards: Guards) -> None:
     case = Case(seed, case_id, live_tids)
     rng = np.random.default_rng(case.values_seed)
     cls = cpprb_ray.PrioritizedReplayBuffer if case.prioritized else cpprb_ray.ReplayBuffer
@@ -494,15 +570,16 @@ def child_main(args: argparse.Namespace) -> int:
         live_tids.append(idler.native_id)
     fd = os.open(args.progress, os.O_WRONLY | os.O_APPEND) if args.progress else None
     report = Report(fd, verbose=args.case is not None)
+    guards = Guards()
     if args.case is not None:
-        run_case(args.seed, args.case, args.shm_prefix, args.mmap_dir, live_tids, report)
+        run_case(args.seed, args.case, args.shm_prefix, args.mmap_dir, live_tids, report, guards)
         return 0
     end = time.monotonic() + args.seconds
     case_id = args.first
     while time.monotonic() < end:
-        run_case(args.seed, case_id, args.shm_prefix, args.mmap_dir, live_tids, report)
+        run_case(args.seed, case_id, args.shm_prefix, args.mmap_dir, live_tids, report, guards)
         case_id += 1
-    report.line(f"D {case_id}")
+    report.line(f"D {case_id} {guards.guarded} {guards.unguarded}")
     return 0
 
 
@@ -517,6 +594,7 @@ class Findings:
         self.failures: List[Dict[str, Any]] = []
         self.slowest = (0.0, "")
         self.children = 0
+        self.guarded = self.unguarded = 0
 
 
 def parse_line(line: str, state: Dict[str, Any], findings: Findings) -> None:
@@ -537,6 +615,10 @@ def parse_line(line: str, state: Dict[str, Any], findings: Findings) -> None:
         state["op"] = None
         if float(seconds) > findings.slowest[0]:
             findings.slowest = (float(seconds), f"case {state['case']} {op}")
+    elif kind == "D":
+        _, guarded, unguarded = rest.split()
+        findings.guarded += int(guarded)
+        findings.unguarded += int(unguarded)
     elif kind == "X":
         _, op, text = rest.split(" ", 2)
         fail(findings, state, "unexpected exception", f"{op}: {json.loads(text)}")
@@ -616,7 +698,8 @@ def run(seed: int, seconds: float, margin: float, first: int = 0) -> Findings:
 
 def summary(findings: Findings, seed: int, seconds: float) -> Dict[str, Any]:
     return {"seed": seed, "seconds": seconds, "cases": findings.cases, "ops": findings.ops,
-            "children": findings.children, "categories": dict(findings.categories),
+            "children": findings.children, "guarded_mappings": findings.guarded,
+            "unguarded_mappings": findings.unguarded, "categories": dict(findings.categories),
             "outcomes": dict(sorted(findings.outcomes.items())),
             "slowest_op_s": findings.slowest[0], "slowest_op": findings.slowest[1],
             "failures": findings.failures}
@@ -652,7 +735,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     result = summary(findings, args.seed, round(time.monotonic() - start, 1))
     print(f"fuzz_segment: seed {args.seed}, {result['cases']} cases, {result['ops']} operations "
           f"in {result['seconds']} s ({result['children']} child processes); slowest operation "
-          f"{result['slowest_op_s']:.2f} s ({result['slowest_op']})")
+          f"{result['slowest_op_s']:.2f} s ({result['slowest_op']}); mappings between guard "
+          f"pages: {findings.guarded} of {findings.guarded + findings.unguarded}")
     print("  cases per category:", json.dumps(result["categories"], sort_keys=True))
     for failure in findings.failures:
         print(f"FAIL {failure['kind']}: case {failure['case']} ({failure['category']}) at "
