@@ -85,6 +85,8 @@ def writer_main(name: str, writer: int, first: int, shared: Any, seed: int) -> N
     rb = cpprb_ray.attach(name, lock_timeout=LOCK_TIMEOUT_S)
     rng = random.Random(seed)
     serial = first
+    if shared.sequence[writer] % 2:   # the writer before us was killed between the two stores
+        shared.sequence[writer] += 1
     while not shared.stop.value:
         wait_while_paused(shared, writer)
         count = rng.choice([1, 4, 32, 256, 512])
@@ -380,7 +382,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"  kills survived: {result['kills']['writer']} writers, {result['kills']['learner']} "
           f"learners ({result['kills_holding_the_lock']} while holding the lock); repairs: "
           f"{result['repairs']}; checks: {result['checks']} ({result['writer_checks_skipped']} "
-          f"writer checks skipped: nothing committed yet, or overwritable)")
+          f"writer checks skipped: nothing committed yet, or `capacity` rows added since, as "
+          f"while a restarted writer starts up)")
     print(f"  lost: {result['lost_rows']} committed rows missing; torn: "
           f"{result['torn_rows_sampled']} sampled rows; problems: {len(result['problems'])}")
     for problem in result["problems"]:
