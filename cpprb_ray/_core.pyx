@@ -266,7 +266,8 @@ cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, doubl
             return ST_NAN_TREE
         if not total > 0.0:
             return ST_ALL_ZERO if any_committed(view, stored) else ST_ALL_TORN
-        tree_sample(&view.tree, rng, scratch, indexes, batch)
+        if tree_sample(&view.tree, rng, scratch, indexes, batch):
+            return ST_CORRUPT       # a padding node that is not 0 steered a walk
         for k in range(batch):
             # The tree only reaches set leaves below the stored size; anything else is a
             # corrupt node, and must not become an address.

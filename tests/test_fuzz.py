@@ -102,7 +102,8 @@ def test_guard_pages_turn_a_read_past_the_segment_into_a_fault():
 def test_a_search_steered_into_a_padding_node_stays_inside_the_tree():
     """A positive padding node that the root counts (two doubles) steered tree_search past its
     level's live nodes and on below them, reading up to 8**depth leaves past the tree:
-    SIGSEGV where the tree ends at a mapping's end (found as case 58 of seed 0)."""
+    SIGSEGV where the tree ends at a mapping's end (found as case 58 of seed 0). Now the walk
+    stays on live nodes and the sample reports the corruption."""
     run_guarded("""
         import numpy as np, cpprb_ray
         from cpprb_ray import _store
@@ -122,6 +123,8 @@ def test_a_search_steered_into_a_padding_node_stays_inside_the_tree():
                 rb.sample(64)
             except ValueError as error:
                 assert "corrupt" in str(error), error
+            else:
+                raise AssertionError("a walk through a corrupt padding node was not seen")
             rb.close()
     """)
 
@@ -147,8 +150,15 @@ def test_a_segment_tree_on_guarded_memory_survives_corrupt_padding():
             offset, live, padded = levels[-2]
             nodes[offset + padded - 1] = 1e12
             nodes[levels[-1][0]] = 1e12 + capacity
-            assert tree.sample(256, Random(0)).max() < capacity
-            assert tree.search([0.5, 1e11, 2e12]).max() < capacity
+            for call in (lambda: tree.sample(256, Random(0)),
+                         lambda: tree.search([0.5, 1e11, 2e12])):
+                try:
+                    call()
+                except ValueError as error:
+                    assert "corrupt" in str(error), error
+                else:
+                    raise AssertionError("a walk through a corrupt padding node was not seen")
+            assert tree.search([0.5]).tolist() == [0]   # walks that stay on live nodes: fine
     """)
 
 
