@@ -601,7 +601,7 @@ def parse_line(line: str, state: Dict[str, Any], findings: Findings) -> None:
     kind, _, rest = line.partition(" ")
     if kind == "C":
         case_id, category = rest.split()
-        state.update(case=int(case_id), op=None, mutations=[], category=category)
+        state.update(case=int(case_id), op="making the case", mutations=[], category=category)
         findings.cases += 1
         findings.categories[category] += 1
     elif kind == "M":
@@ -612,7 +612,7 @@ def parse_line(line: str, state: Dict[str, Any], findings: Findings) -> None:
         _, op, outcome, seconds = rest.split()
         findings.ops += 1
         findings.outcomes[f"{op.split('.')[-1]}:{outcome}"] += 1
-        state["op"] = None
+        state["op"] = f"after {op}"
         if float(seconds) > findings.slowest[0]:
             findings.slowest = (float(seconds), f"case {state['case']} {op}")
     elif kind == "D":
@@ -671,7 +671,10 @@ def run(seed: int, seconds: float, margin: float, first: int = 0) -> Findings:
                             parse_line(line, state, findings)
                     if exited:
                         break
-                    if state.get("op") and time.monotonic() - last_progress > hang_s:
+                    # Between two lines of a started child: hang_s (an operation, or the
+                    # making and corrupting of a case); the interpreter's start-up: a minute.
+                    limit = hang_s if state.get("op") != "start" else 60.0
+                    if time.monotonic() - last_progress > limit:
                         hung = True
                         child.kill()
                         child.wait()
