@@ -3,6 +3,7 @@
 #   make demo         the main job: Ape-X on CartPole, examples/apex.py (sets up .venv first)
 #   make test         the whole test suite on Python 3.11 (sets up .venv first)
 #   make test-debug   tree, mutex, store and buffer tests against a CPPRB_RAY_DEBUG=1 build
+#   make test-asan    the same tests against an AddressSanitizer + UBSan build (and LSan)
 #   make test37       the whole suite on CPython 3.7 (Cython 3.0, numpy 1.21, ray 2.7.2)
 #   make wheel-check  sdist -> wheel, installed in a venv without Cython, smoke-tested
 #   make lint         ruff, mypy, stubtest and cython-lint
@@ -13,6 +14,7 @@
 #   .venv         Python 3.11 (else python3): editable install, extensions built in place
 #   .venv37       CPython 3.7 from pyenv: editable install, its own ABI-tagged .so files in place
 #   .venv-debug   a debug build made in a copy of the tree (.venv-debug/src), never in place
+#   .venv-asan    a sanitizer build, likewise in a copy (.venv-asan/src)
 #   .venv-wheel   rebuilt by every wheel-check, without Cython
 #   .venv-tianshou, .venv-torchrl  Python 3.11: a peer library (their torch pins differ), cpprb,
 #                 and this package editable, so that bench_buffer.py runs all three in one process
@@ -48,10 +50,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: help venv test test-debug test37 venv37 wheel-check demo lint bench-peers clean distclean
+.PHONY: help venv test test-debug test-asan test37 venv37 wheel-check demo lint bench-peers clean distclean
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------------------------------------
 # .venv: Python 3.11, editable install with the extensions built in place.
@@ -104,6 +106,20 @@ lint: venv
 # so that no debug .so can ever land in the main checkout.
 
 DEBUG_SRC := .venv-debug/src
+
+# $(call copy_worktree,DIR): a fresh copy of the working tree (tracked plus untracked, not ignored
+# files) in DIR, so that no debug or sanitizer .so can ever land in the main checkout.
+define copy_worktree
+	rm -rf $(1) && mkdir -p $(1)
+	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	    git ls-files -z --cached --others --exclude-standard \
+	        | tar --null --files-from=- --ignore-failed-read -cf - 2>/dev/null \
+	        | tar -xf - -C $(1); \
+	else \
+	    tar --exclude='./.venv*' --exclude=./build --exclude=./dist --exclude='*.so' \
+	        --exclude='*.c' --exclude=./.git -cf - . | tar -xf - -C $(1); \
+	fi
+endef
 # Everything that drives the extensions in this process: the tree, the mutex, the store (through
 # the buffer), bad input, the defects, and the docstring examples.
 DEBUG_TESTS := tests/test_segtree.py tests/test_sync.py tests/test_doctests.py tests/test_buffer.py \
@@ -118,15 +134,7 @@ DEBUG_TESTS := tests/test_segtree.py tests/test_sync.py tests/test_doctests.py t
 	touch $@
 
 test-debug: .venv-debug/.deps
-	rm -rf $(DEBUG_SRC) && mkdir -p $(DEBUG_SRC)
-	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
-	    git ls-files -z --cached --others --exclude-standard \
-	        | tar --null --files-from=- --ignore-failed-read -cf - 2>/dev/null \
-	        | tar -xf - -C $(DEBUG_SRC); \
-	else \
-	    tar --exclude='./.venv*' --exclude=./build --exclude=./dist --exclude='*.so' \
-	        --exclude='*.c' --exclude=./.git -cf - . | tar -xf - -C $(DEBUG_SRC); \
-	fi
+	$(call copy_worktree,$(DEBUG_SRC))
 	cd $(DEBUG_SRC) && CPPRB_RAY_DEBUG=1 ../bin/python -m pip install $(PIP_FLAGS) \
 	    --no-build-isolation --no-deps -e .
 	@cd $(DEBUG_SRC) && tests="$$(ls $(DEBUG_TESTS) 2>/dev/null || true)"; \
@@ -140,6 +148,48 @@ test-debug: .venv-debug/.deps
 	        || { echo "error: no debug build under $(DEBUG_SRC)/build/debug" >&2; exit 1; }; \
 	    echo "== debug build; running:" $$tests; \
 	    ../bin/python -m pytest -q $(PYTEST_ARGS) $$tests
+
+# ---------------------------------------------------------------------------------------------
+# Sanitizer build: the release directives (no Cython bounds checks: what ships is what is checked)
+# compiled with -fsanitize=address,undefined, in a copy of the tree like test-debug. Python is not
+# instrumented, so libasan is preloaded; PYTHONMALLOC=malloc lets ASan see every Python object's
+# bounds. Any invalid access or undefined behaviour fails the run, and so does a leak whose
+# allocation stack has a cpprb_ray frame (.ci/asan_report.py; interpreter-lifetime allocations of
+# CPython and numpy alone are counted, not failed). Left out: test_crash_points.py (it ptraces and
+# single-steps the kernels: ASan's shadow memory and its own SIGSEGV handling are in the way) and
+# the process-heavy suites (their children are the same kernels, many times slower under ASan).
+
+ASAN_SRC := .venv-asan/src
+ASAN_TESTS := tests/test_segtree.py tests/test_sync.py tests/test_buffer.py tests/test_bad_input.py \
+    tests/test_defects.py tests/test_fuzz.py tests/test_nstep.py
+ASAN_CFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g
+ASAN_FUZZ_SECONDS ?= 20
+
+.venv-asan/.deps: pyproject.toml setup.py
+	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
+	rm -rf .venv-asan
+	$(PYTHON) -m venv .venv-asan
+	.venv-asan/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel "Cython>=3.1"
+	.venv-asan/bin/python -m pip install $(PIP_FLAGS) numpy pytest hypothesis cloudpickle
+	touch $@
+
+test-asan: .venv-asan/.deps
+	$(call copy_worktree,$(ASAN_SRC))
+	cd $(ASAN_SRC) && CFLAGS="$(ASAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" \
+	    ../bin/python -m pip install $(PIP_FLAGS) --no-build-isolation --no-deps -e .
+	@cd $(ASAN_SRC) && for so in cpprb_ray/_*.so; do \
+	    ldd "$$so" | grep -q libasan || { echo "error: $$so is not built with ASan" >&2; exit 1; }; \
+	    done
+	@cd $(ASAN_SRC) && logs="$$(mktemp -d)" && echo "== sanitizer logs in $$logs" && \
+	    status=0 && \
+	    LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" PYTHONMALLOC=malloc \
+	    ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:allocator_may_return_null=1:log_path=$$logs/asan:detect_stack_use_after_return=0" \
+	    LSAN_OPTIONS="suppressions=$(CURDIR)/.ci/lsan-suppressions.txt:exitcode=0" \
+	    UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$$logs/ubsan" \
+	    CPPRB_RAY_FUZZ_SECONDS=$(ASAN_FUZZ_SECONDS) \
+	    ../bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(ASAN_TESTS) || status=$$?; \
+	    ../bin/python .ci/asan_report.py "$$logs" || status=1; \
+	    exit $$status
 
 # ---------------------------------------------------------------------------------------------
 # CPython 3.7: Cython 3.0.x, numpy 1.21, ray 2.7.2. The package is installed with build isolation,
@@ -221,7 +271,7 @@ bench-peers: .venv-tianshou/.deps .venv-torchrl/.deps
 # ---------------------------------------------------------------------------------------------
 
 clean:
-	rm -rf build dist *.egg-info .venv-debug .venv-wheel .pytest_cache .hypothesis \
+	rm -rf build dist *.egg-info .venv-debug .venv-asan .venv-wheel .pytest_cache .hypothesis \
 	    .mypy_cache .ruff_cache .venv/.built .venv37/.built
 	rm -f $(foreach e,$(EXTENSIONS),cpprb_ray/$(e).c cpprb_ray/$(e).html cpprb_ray/$(e).*.so)
 	find cpprb_ray tests benchmarks -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true

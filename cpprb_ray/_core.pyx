@@ -142,7 +142,9 @@ cdef int store_lock(StoreView* view, double timeout_s) noexcept nogil:
             view.lock_errno = status
             mutex_unlock(view.mutex)
             return ST_LOCK_ERROR
-    if header_problem(view.header):
+    # The fields are checked against the capacity attach validated and the kernels index with,
+    # not against the header's own capacity field, which a stray write can change too.
+    if header_problem(view.header) or view.header.capacity != <uint64_t>view.capacity:
         mutex_unlock(view.mutex)
         return ST_CORRUPT
     if waited:
@@ -269,7 +271,8 @@ cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, doubl
             return ST_NAN_TREE
         if not total > 0.0:
             return ST_ALL_ZERO if any_committed(view, stored) else ST_ALL_TORN
-        tree_sample(&view.tree, rng, scratch, indexes, batch)
+        if tree_sample(&view.tree, rng, scratch, indexes, batch):
+            return ST_CORRUPT       # a padding node that is not 0 steered a walk
         for k in range(batch):
             # The tree only reaches set leaves below the stored size; anything else is a
             # corrupt node, and must not become an address.
@@ -372,14 +375,19 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
 
 cdef void store_clear(StoreView* view) noexcept nogil:
     """Forget every row; generations move on, so old samples cannot update new rows."""
-    cdef int64_t slot, stored = view.header.stored_size
+    cdef uint64_t stored = view.header.stored_size
+    cdef uint64_t slot
     cdef uint64_t* generation
+    # The repair calls this before the header is checked: a stored size past the capacity
+    # (no writer leaves one) must not walk records that do not exist.
+    if stored > <uint64_t>view.capacity:
+        stored = <uint64_t>view.capacity
     publish_op(&view.header.op, OP_CLEAR)
     # Only slots ever written can hold a row: a slot past the stored size was never written
     # since the last clear (the ring fills from 0), so it is neither read nor touched. (An empty
     # buffer's clear used to walk every record of the whole segment.)
     for slot in range(stored):
-        generation = generation_of(view, slot)
+        generation = generation_of(view, <int64_t>slot)
         generation[0] = (generation[0] | 1) + 1
     tree_clear_all(&view.tree)
     view.header.next_index = 0

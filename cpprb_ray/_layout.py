@@ -184,7 +184,8 @@ def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
             if column.row_bytes != entry["row_bytes"]:
                 raise ValueError("row size mismatch")
         meta = dict(document["meta"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+    # RecursionError: JSON nested thousands deep (the decoder recurses per level).
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as error:
         raise corrupt(location, f"unreadable layout ({error})") from None
     if not columns:
         raise corrupt(location, "no columns")
@@ -252,7 +253,7 @@ def token_at(backend: str, location: str) -> Optional[str]:
         document = json.loads(bytes(data[start:start + int(header["layout_length"])]).decode())
         token = document["meta"]["token"]
         return token if isinstance(token, str) else None
-    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
         return None
     finally:
         os.close(fd)

@@ -232,15 +232,19 @@ cdef inline void prefix_sums(const double* c, double* p) noexcept nogil:
     p[8] = s0123 + (s45 + s67)
 
 
-cdef void tree_search(const TreeView* view, double* masses, int64_t* out,
-                      int64_t count) noexcept nogil:
+cdef int64_t tree_search(const TreeView* view, double* masses, int64_t* out,
+                         int64_t count) noexcept nogil:
     """Prefix-sum search for a batch; `masses` is used as scratch and overwritten.
 
     The root must be positive. A zero-weight leaf is never returned: the walk only enters a
     child whose sum is positive, and a mass left over by rounding (>= the node's sum) goes to
     the last positive child, so a mass >= total lands on the last positive leaf. The whole
     batch descends one level at a time so the independent loads overlap.
+
+    Returns how many walks met a corrupt tree (a padding node that is not 0 led past its level's
+    live nodes); those stay on the level's last live node, so they never read outside the tree.
     """
+    cdef int64_t corrupt = 0
     cdef int64_t k, chosen, node
     cdef int level, c
     cdef double mass
@@ -271,21 +275,28 @@ cdef void tree_search(const TreeView* view, double* masses, int64_t* out,
                 mass -= prefix[chosen]
             masses[k] = mass
             node = (out[k] << FANOUT_BITS) + chosen
+            # Only a padding node that is not 0 (a corrupt segment) can be chosen past the live
+            # nodes, and below it the walk would read outside the tree: stay on the last one.
+            if node >= view.counts[level - 1]:
+                node = view.counts[level - 1] - 1
+                corrupt += 1
             out[k] = node
             if level > 1:
                 # Ask for the line this walk reads on the next level now: the rest of the
                 # batch is walked before it is needed, so its cache miss is hidden.
                 prefetch(view.sums + view.offsets[level - 2] + (node << FANOUT_BITS))
+    return corrupt
 
 
-cdef void tree_sample(const TreeView* view, Xoshiro256* rng, double* scratch, int64_t* out,
-                      int64_t count) noexcept nogil:
-    """Stratified sampling: [0, total) in `count` equal strata, one uniform draw in each."""
+cdef int64_t tree_sample(const TreeView* view, Xoshiro256* rng, double* scratch, int64_t* out,
+                         int64_t count) noexcept nogil:
+    """Stratified sampling: [0, total) in `count` equal strata, one uniform draw in each.
+    Returns tree_search's count of walks that met a corrupt tree."""
     cdef double stratum = tree_total(view) / count
     cdef int64_t k
     for k in range(count):
         scratch[k] = (k + rng_uniform(rng)) * stratum
-    tree_search(view, scratch, out, count)
+    return tree_search(view, scratch, out, count)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,9 +596,13 @@ cdef class SegmentTree:
         cdef double[::1] mass_view = mass_array
         out = np.empty(mass_view.shape[0], dtype=np.int64)
         cdef int64_t[::1] out_view = out
+        cdef int64_t corrupt = 0
         if mass_view.shape[0]:
             with nogil:
-                tree_search(&self.view, &mass_view[0], &out_view[0], mass_view.shape[0])
+                corrupt = tree_search(&self.view, &mass_view[0], &out_view[0],
+                                      mass_view.shape[0])
+        if corrupt:
+            raise_corrupt_tree()
         return out
 
     def sample(self, Py_ssize_t batch_size, Random rng not None):
@@ -613,9 +628,18 @@ cdef class SegmentTree:
         out = np.empty(batch_size, dtype=np.int64)
         cdef double[::1] scratch_view = scratch
         cdef int64_t[::1] out_view = out
+        cdef int64_t corrupt
         with nogil:
-            tree_sample(&self.view, &rng.state, &scratch_view[0], &out_view[0], batch_size)
+            corrupt = tree_sample(&self.view, &rng.state, &scratch_view[0], &out_view[0],
+                                  batch_size)
+        if corrupt:
+            raise_corrupt_tree()
         return out
+
+
+def raise_corrupt_tree():
+    raise ValueError("the tree is corrupt: a padding node is not 0 (memory written by something "
+                     "other than this tree)")
 
 
 def _check_capacity(capacity):

@@ -630,13 +630,22 @@ cdef class ReplayStore:
             raise ValueError("operation on a closed buffer")
         return self.view.header
 
+    # Both bound what callers allocate and index with, so a value no writer leaves is reported
+    # as corruption here (len() of 2**63 rows was an OverflowError, get_all_transitions a
+    # MemoryError).
     @property
     def stored_size(self):
-        return self.header().stored_size
+        cdef Header* h = self.header()
+        if h.stored_size > <uint64_t>self.view.capacity:
+            raise_status(ST_CORRUPT, self)
+        return h.stored_size
 
     @property
     def next_index(self):
-        return self.header().next_index
+        cdef Header* h = self.header()
+        if h.next_index >= <uint64_t>self.view.capacity:
+            raise_status(ST_CORRUPT, self)
+        return h.next_index
 
     @property
     def max_priority(self):
