@@ -904,7 +904,10 @@ cdef class ReplayStore:
                                      f"index); got shape {generations.shape}")
             if count == 0:
                 return 0
-            stored = self.view.header.stored_size
+            # Read without the lock; bounded by the capacity too, because the kernel refreshes
+            # the tree over every index it is given (a header rewritten by a hostile process
+            # between this check and the lock must not put one past the tree).
+            stored = min(<int64_t>self.view.header.stored_size, self.view.capacity)
             with nogil:
                 bad = first_out_of_range(<const int64_t*>index_view.buf, count, stored)
             if bad >= 0:
