@@ -52,9 +52,9 @@ cdef void tree_rebuild(TreeView* view) noexcept nogil
 cdef double tree_total(const TreeView* view) noexcept nogil
 cdef double tree_min(const TreeView* view) noexcept nogil
 cdef int64_t tree_search(const TreeView* view, double* masses, int64_t* out,
-                      int64_t count) noexcept nogil
+                         int64_t count) noexcept nogil
 cdef int64_t tree_sample(const TreeView* view, Xoshiro256* rng, double* scratch, int64_t* out,
-                      int64_t count) noexcept nogil
+                         int64_t count) noexcept nogil
 
 cdef void rng_seed(Xoshiro256* rng, uint64_t seed) noexcept nogil
 cdef uint64_t rng_next(Xoshiro256* rng) noexcept nogil
