@@ -175,7 +175,7 @@ ASAN_FUZZ_SECONDS ?= 20
 
 test-asan: .venv-asan/.deps
 	$(call copy_worktree,$(ASAN_SRC))
-	cd $(ASAN_SRC) && CFLAGS="$(ASAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" \
+	cd $(ASAN_SRC) && CPPRB_RAY_OPT=1 CFLAGS="$(ASAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" \
 	    ../bin/python -m pip install $(PIP_FLAGS) --no-build-isolation --no-deps -e .
 	@cd $(ASAN_SRC) && for so in cpprb_ray/_*.so; do \
 	    ldd "$$so" | grep -q libasan || { echo "error: $$so is not built with ASan" >&2; exit 1; }; \

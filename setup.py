@@ -6,6 +6,7 @@ debug build that CI runs once:
 
     CPPRB_RAY_DEBUG=1 pip install -e .   # boundscheck, wraparound, initializedcheck on, -O0 -g
     CPPRB_RAY_ANNOTATE=1 ...              # also write the Cython HTML annotation (beside the C)
+    CPPRB_RAY_OPT=1 ...                   # another -O level (the sanitizer build uses -O1)
 
 Generated files stay out of the source tree and apart from each other: the C that Cython writes
 goes to build/cython-<Cython version>/ (build/debug/... for a debug build), so one checkout can be
@@ -38,6 +39,13 @@ directives = {
 
 # No -march=native: wheels must run on any x86_64 / aarch64 machine.
 compile_args = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3"]
+# CPPRB_RAY_OPT=1 (e.g.): another optimization level for a checking build, such as the sanitizer
+# build (make test-asan), which -O3 makes several times slower to compile for no use.
+OPT = os.environ.get("CPPRB_RAY_OPT", "")
+if OPT:
+    if OPT not in ("0", "1", "2", "3", "s", "g"):
+        raise SystemExit(f"CPPRB_RAY_OPT must be one of 0 1 2 3 s g; got {OPT!r}")
+    compile_args = [flag for flag in compile_args if not flag.startswith("-O")] + [f"-O{OPT}"]
 macros: list = []
 libraries = ["pthread"] if sys.platform.startswith("linux") else []
 
