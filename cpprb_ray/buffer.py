@@ -55,7 +55,6 @@ class ReplayBuffer:
         was killed hands the lock on at once; one that is stopped (SIGSTOP, ``docker pause``,
         a debugger) or a corrupt lock word would otherwise block every process. Ctrl-C
         interrupts a wait.
-
     Nstep : dict, optional
         ``{"size": n, "gamma": g, "rew": key(s), "next": key(s)}``: store n-step transitions
         (needs a "done" column; samples gain "discounts", g**m per row). Each handle stages its
