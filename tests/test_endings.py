@@ -36,7 +36,7 @@ METHODS = [m for m in ("spawn", "forkserver", "fork")
 TIMEOUT = 60.0
 
 OWNER_SCRIPT = """
-import os, signal, sys
+import os, select, signal, sys
 import cpprb_ray
 backend, setup = sys.argv[1], sys.argv[2]
 if setup == "handler":
@@ -53,6 +53,11 @@ rb.add(obs=[1.0, 2.0])
 print(rb.name, flush=True)
 if setup == "os_exit":
     os._exit(0)
+# Wait for stdin in 50 ms slices, not in one read(): a signal that lands after the interpreter's
+# last check for pending handlers and before read() blocks would otherwise never be handled
+# (CPython runs Python handlers only between bytecodes; read() restarts on nothing it missed).
+while not select.select([sys.stdin], [], [], 0.05)[0]:
+    pass
 sys.stdin.readline()
 """
 
