@@ -1,8 +1,9 @@
 """Stress and crash tests in real processes on one real segment.
 
 * Stress: two writer processes and one sampling/updating process hammer one prioritized buffer
-  for CPPRB_RAY_STRESS_SECONDS (30) seconds; no sampled row is ever torn, and afterwards the
-  tree, the sizes and rows_added agree with what the writers say they did.
+  for CPPRB_RAY_STRESS_SECONDS (12; benchmarks/soak.py runs longer, with kills) seconds; no
+  sampled row is ever torn, and afterwards the tree, the sizes and rows_added agree with what
+  the writers say they did.
 * Kill -9: a writer adding big batches (so that most kills land inside add, holding the lock) is
   SIGKILLed at random moments, at least CPPRB_RAY_KILLS (40) times and until
   CPPRB_RAY_KILL_SECONDS (6) seconds have passed, while a sampler keeps sampling. The
@@ -38,7 +39,7 @@ if TESTS_DIR not in sys.path:  # spawn/forkserver children import _workers from 
 import _workers  # noqa: E402
 from _workers import ENV, rows  # noqa: E402
 
-STRESS_SECONDS = float(os.environ.get("CPPRB_RAY_STRESS_SECONDS", "30"))
+STRESS_SECONDS = float(os.environ.get("CPPRB_RAY_STRESS_SECONDS", "12"))
 KILLS = int(os.environ.get("CPPRB_RAY_KILLS", "40"))          # at least this many kills
 KILL_SECONDS = float(os.environ.get("CPPRB_RAY_KILL_SECONDS", "6"))  # and more until then
 TIMEOUT = 60.0
