@@ -65,25 +65,23 @@ def epsilon_ladder(actors: int) -> List[float]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The buffer, with its rate limiter, and N-step if this cpprb_ray has it.
+# The buffer: N-step staging in each handle, and the rate limiter in the segment.
 
 def make_buffer(size: int, seed: int, samples_per_insert: float, min_size: int,
-                error_buffer: float) -> Tuple[cpprb_ray.PrioritizedReplayBuffer, bool]:
-    """The shared buffer, with a SampleToInsertRatio limiter; also whether it does N-step."""
+                error_buffer: float) -> cpprb_ray.PrioritizedReplayBuffer:
+    """The shared buffer: 3-step rows, and a SampleToInsertRatio limiter.
+
+    Examples
+    --------
+    >>> rb = make_buffer(1024, seed=0, samples_per_insert=8.0, min_size=100, error_buffer=512.0)
+    >>> rb.nstep["size"], type(rb.rate_limiter).__name__
+    (3, 'SampleToInsertRatio')
+    >>> rb.close()
+    """
     limiter = cpprb_ray.SampleToInsertRatio(samples_per_insert, min_size, error_buffer)
     nstep = {"size": NSTEP, "gamma": GAMMA, "rew": "rew", "next": "next_obs"}
-    try:
-        rb = cpprb_ray.PrioritizedReplayBuffer(size, ENV_DICT, alpha=0.6, eps=1e-3, seed=seed,
-                                               Nstep=nstep, rate_limiter=limiter)
-        return rb, True
-    except TypeError as error:
-        # FALLBACK(nstep): a cpprb_ray without Nstep= stores 1-step rows (the learner then
-        # discounts by gamma). Delete this branch once the buffer's N-step is merged.
-        if "Nstep" not in str(error):
-            raise
-    rb = cpprb_ray.PrioritizedReplayBuffer(size, ENV_DICT, alpha=0.6, eps=1e-3, seed=seed,
-                                           rate_limiter=limiter)
-    return rb, False
+    return cpprb_ray.PrioritizedReplayBuffer(size, ENV_DICT, alpha=0.6, eps=1e-3, seed=seed,
+                                             Nstep=nstep, rate_limiter=limiter)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,14 +93,12 @@ def actor_class():
 
     @ray.remote(max_concurrency=4)  # run() in one thread; publish/report/stop in the others
     class Actor:
-        def __init__(self, rb, index: int, epsilon: float, seed: int, nstep: bool,
-                     add_batch: int) -> None:
+        def __init__(self, rb, index: int, epsilon: float, seed: int, add_batch: int) -> None:
             import gymnasium
 
             self.rb = rb
             self.index = index
             self.epsilon = epsilon
-            self.nstep = nstep
             self.add_batch = add_batch
             self.env = gymnasium.make("CartPole-v1")
             self.rng = np.random.default_rng(seed)
@@ -362,19 +358,18 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     ray.cloudpickle.register_pickle_by_value(dqn_numpy)
     rb = None
     try:
-        rb, nstep = make_buffer(args.buffer_size, args.seed, args.samples_per_insert,
-                                args.min_size, error_buffer(args))
-        print(f"apex: buffer {rb.name}: N-step "
-              f"{f'in the buffer (n={NSTEP}, gamma={GAMMA})' if nstep else 'NOT available: 1-step rows (fallback)'}"  # noqa: E501
-              f"; rate limiter {rb.rate_limiter!r}", file=sys.stderr)
-        return learn(args, rb, nstep, cpus)
+        rb = make_buffer(args.buffer_size, args.seed, args.samples_per_insert, args.min_size,
+                         error_buffer(args))
+        print(f"apex: buffer {rb.name}: N-step in the buffer (n={NSTEP}, gamma={GAMMA}); "
+              f"rate limiter {rb.rate_limiter!r}", file=sys.stderr)
+        return learn(args, rb, cpus)
     finally:
         if rb is not None:
             rb.close()
         ray.shutdown()
 
 
-def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep: bool,
+def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
           cpus: int) -> Dict[str, Any]:
     import ray
 
@@ -384,7 +379,7 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
     Actor = actor_class()
     per_actor_cpus = min(1.0, cpus / args.actors)
     actors = [Actor.options(num_cpus=per_actor_cpus).remote(
-        rb, i, eps, args.seed * 1000 + i, nstep, args.add_batch)
+        rb, i, eps, args.seed * 1000 + i, args.add_batch)
         for i, eps in enumerate(epsilon_ladder(args.actors))]
     weights = ray.put(learner.network.get_weights())
     ray.get([actor.publish.remote([weights]) for actor in actors])
@@ -419,9 +414,8 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
                 batch = rb.sample(args.batch_size, beta, timeout=WAIT_SLICE_S)
             except TimeoutError:
                 continue
-            # FALLBACK(nstep): 1-step rows have no "discounts" column; their discount is gamma.
-            discounts = batch["discounts"] if "discounts" in batch else GAMMA
-            priorities = learner.train_step(batch, discounts)
+            # gamma ** m per row: m < 3 for the windows cut short at an episode's end.
+            priorities = learner.train_step(batch, batch["discounts"])
             rb.update_priorities(batch["indexes"], priorities, batch["generations"])
             samples += args.batch_size
             if learner.steps % args.publish_every == 0:
@@ -453,7 +447,8 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer, nstep
         "episodes": len(progress.episodes),
         "env_steps": int(sum(steps)),
         "seed": args.seed,
-        "nstep": "buffer" if nstep else "fallback-1step",
+        "nstep": NSTEP,
+        "gamma": GAMMA,
         "rate_limiter": type(rb.rate_limiter).__name__,
         "samples_per_insert": round(samples / max(progress.rows_added, 1), 2),
         "rate_limit": {"samples_per_insert": args.samples_per_insert,
