@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import random
@@ -36,6 +35,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 import cpprb_ray
+from cpprb_ray import _store
 
 PAYLOAD = 16
 ENV = {"writer": {"dtype": "int32"}, "serial": {"dtype": "int64"},
@@ -233,7 +233,7 @@ class Soak:
                 self.lost += int(missing.size)
                 self.problems.append(f"{when}: writer {writer} committed up to serial {last}, "
                                      f"but serials {missing.tolist()} are missing")
-        problems = tree_problems(self.rb._store.check_tree())
+        problems = _store.tree_problems(self.rb._store.check_tree())
         if problems:
             self.problems.append(f"{when}: tree not exact: {problems}")
 
@@ -314,26 +314,12 @@ class Soak:
                 "problems": self.problems}
 
 
-def tree_problems(tree: Any) -> List[str]:
-    """The root sum must be the sum of the leaves (to 1e-9), the root min the least set leaf."""
-    root_sum, leaf_sums, root_min, leaf_mins = tree
-    problems = []
-    exact = math.fsum(leaf_sums)
-    if not math.isclose(root_sum, exact, rel_tol=1e-9, abs_tol=0.0):
-        problems.append(f"root sum {root_sum!r} != sum of the leaves {exact!r}")
-    finite = leaf_mins[leaf_mins != np.inf]
-    least = finite.min() if finite.size else np.inf
-    if root_min != least:
-        problems.append(f"root min {root_min!r} != least leaf {least!r}")
-    return problems
-
-
 def leaked_segments(name: str, backend: str) -> List[str]:
     """Our segment if it is still there, and any cpprb_ray segment made by this process or its
     children (owner_pid / owner_parent_pid in the layout)."""
     import tempfile
 
-    from cpprb_ray import _memory, _store
+    from cpprb_ray import _memory
     left = []
     location = name if backend == "mmap" else os.path.join("/dev/shm", name)
     if os.path.exists(location):

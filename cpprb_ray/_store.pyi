@@ -1,6 +1,6 @@
 """Type stubs for the store's boundary (internal; used by cpprb_ray.buffer)."""
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,9 @@ def initialize_segment(
     limiter: Optional[Tuple[int, float, int, float, float]] = ...,
 ) -> None: ...
 def describe_limiter(state: Dict[str, Any]) -> str: ...
+def tree_problems(
+    tree: Tuple[float, npt.NDArray[np.float64], float, npt.NDArray[np.float64]],
+) -> List[str]: ...
 
 @final
 class ReplayStore:

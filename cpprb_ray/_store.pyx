@@ -53,6 +53,7 @@ from cpprb_ray._segtree cimport (TreeView, Xoshiro256, min_key, rng_seed, tree_b
 from cpprb_ray._sync cimport (gate_wait, gate_wake, monotonic_seconds, mutex_holder, mutex_init,
                               pthread_mutex_t)
 
+import math
 import os
 import time
 
@@ -440,6 +441,31 @@ def describe_limiter(state):
 # than its handles remember. (getpid() would tell the same, but it is a system call -- about
 # 0.3 µs here, a tenth of an add -- and every call into the store asks.)
 cdef unsigned long fork_generation = 0
+
+
+def tree_problems(tree):
+    """What is wrong with a tree as ``ReplayStore.check_tree()`` read it, as sentences; [] when
+    the root sum is the sum of the leaves (to 1e-9) and the root min the least set leaf (inf
+    when none is set). The one check the tests, the fuzzer and the soak share.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> tree_problems((3.0, np.array([1.0, 2.0]), 1.0, np.array([1.0, 2.0])))
+    []
+    >>> tree_problems((3.5, np.array([1.0, 2.0]), 2.0, np.array([1.0, np.inf])))
+    ['root sum 3.5 != sum of the leaves 3.0', 'root min 2.0 != least leaf 1.0']
+    """
+    root_sum, leaf_sums, root_min, leaf_mins = tree
+    problems = []
+    exact = math.fsum(leaf_sums)
+    if not math.isclose(root_sum, exact, rel_tol=1e-9, abs_tol=0.0):
+        problems.append(f"root sum {root_sum!r} != sum of the leaves {exact!r}")
+    finite = leaf_mins[leaf_mins != np.inf]
+    least = float(finite.min()) if finite.size else math.inf
+    if root_min != least:
+        problems.append(f"root min {root_min!r} != least leaf {least!r}")
+    return problems
 
 
 def _count_fork():
@@ -1106,7 +1132,7 @@ cdef class ReplayStore:
             self.leave()
 
     def check_tree(self):
-        """(sum root, sum of leaves, min root, min of set leaves) read under the lock; for tests."""
+        """(root sum, leaf sums, root min, leaf mins) read under the lock; for tree_problems."""
         cdef TreeArguments arguments
         cdef double[::1] sums_view, mins_view
         self.enter()

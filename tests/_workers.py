@@ -12,9 +12,9 @@ a row that mixes two writes ("torn") is recognised from its contents alone (:fun
 from __future__ import annotations
 
 import gc
-import math
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -24,6 +24,7 @@ from typing import Any, Dict
 import numpy as np
 
 import cpprb_ray
+from cpprb_ray._store import tree_problems  # noqa: F401 - the tests' check of the tree
 
 WIDTH = 4
 ENV = {
@@ -89,20 +90,40 @@ def check_sample(rb, batch: Dict[str, np.ndarray]) -> list:
     return problems
 
 
-def tree_problems(tree: Any) -> list:
-    """Problems of ``_store.check_tree()``'s (root_sum, leaf_sums, root_min, leaf_mins): the
-    root sum must be the sum of the leaves (to 1e-9) and the root min the least finite leaf
-    min (inf when there is none)."""
-    root_sum, leaf_sums, root_min, leaf_mins = tree
-    problems = []
-    exact = math.fsum(leaf_sums)
-    if not math.isclose(root_sum, exact, rel_tol=1e-9, abs_tol=0.0):
-        problems.append(f"root sum {root_sum!r} != sum of the leaves {exact!r}")
-    finite = leaf_mins[leaf_mins != np.inf]
-    least = finite.min() if finite.size else np.inf
-    if root_min != least:
-        problems.append(f"root min {root_min!r} != least leaf {least!r}")
-    return problems
+class Children:
+    """The processes a test started: ``with Children() as children``; on exit each one still
+    alive is SIGKILLed by its pid, and every one is joined."""
+
+    def __init__(self, context: Any = None) -> None:
+        self.context = context  # where launch() makes its processes and pipes
+        self.processes: list = []
+
+    def start(self, process):
+        """Start a multiprocessing Process (as a daemon) and keep it."""
+        process.daemon = True
+        process.start()
+        self.processes.append(process)
+        return process
+
+    def launch(self, target, *args):
+        """Start target(sender, *args) in a process of the context; (process, receiving end)."""
+        receiver, sender = self.context.Pipe(duplex=False)
+        process = self.start(self.context.Process(target=target, args=(sender,) + args))
+        sender.close()
+        return process, receiver
+
+    def join(self, process, timeout: float = 60.0) -> None:
+        process.join(timeout)
+        assert not process.is_alive(), f"child {process.pid} did not finish within {timeout} s"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGKILL)
+            process.join(10)
 
 
 def open_buffer(handle: Any, how: str):

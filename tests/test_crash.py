@@ -37,7 +37,7 @@ if TESTS_DIR not in sys.path:  # spawn/forkserver children import _workers from 
     sys.path.insert(0, TESTS_DIR)
 
 import _workers  # noqa: E402
-from _workers import ENV, rows  # noqa: E402
+from _workers import ENV, Children, rows  # noqa: E402
 
 STRESS_SECONDS = float(os.environ.get("CPPRB_RAY_STRESS_SECONDS", "12"))
 KILLS = int(os.environ.get("CPPRB_RAY_KILLS", "40"))          # at least this many kills
@@ -80,32 +80,6 @@ def receive(conn, what: str, timeout: float = TIMEOUT):
     tag, payload = conn.recv()
     assert tag != "error", f"{what} failed:\n{payload}"
     return payload
-
-
-class Children:
-    """The processes a test started; on exit each still alive is SIGKILLed by its pid."""
-
-    def __init__(self) -> None:
-        self.processes: list = []
-
-    def start(self, process):
-        process.daemon = True
-        process.start()
-        self.processes.append(process)
-        return process
-
-    def join(self, process, timeout: float = TIMEOUT) -> None:
-        process.join(timeout)
-        assert not process.is_alive(), f"child {process.pid} did not finish within {timeout} s"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        for process in self.processes:
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGKILL)
-                process.join(10)
 
 
 def assert_tree_consistent(rb) -> None:

@@ -37,6 +37,7 @@ if TESTS_DIR not in sys.path:  # forkserver children import _rate_workers from t
 
 import _rate_workers as workers  # noqa: E402
 from _rate_workers import ENV, batch_of  # noqa: E402
+from _workers import Children  # noqa: E402
 from conftest import available_backends  # noqa: E402
 
 TIMEOUT = 60.0
@@ -65,30 +66,6 @@ def receive(conn, what: str, timeout: float = TIMEOUT):
     tag, payload = conn.recv()
     assert tag != "error", f"{what} failed:\n{payload}"
     return tag, payload
-
-
-class Children:
-    """The processes a test started; on exit each still alive is SIGKILLed by its pid."""
-
-    def __init__(self) -> None:
-        self.processes: list = []
-
-    def start(self, target, *args):
-        receiver, sender = context().Pipe(duplex=False)
-        process = context().Process(target=target, args=(sender,) + args, daemon=True)
-        process.start()
-        sender.close()
-        self.processes.append(process)
-        return process, receiver
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        for process in self.processes:
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGKILL)
-            process.join(10)
 
 
 def snapshot(rb):
@@ -368,11 +345,11 @@ def wake_latencies(rb, parent_side: str, rounds: int = 20):
     """Seconds from the parent's add (or sample) to the child's held-back sample (or add)
     returning, one per round; the child is asleep on its gate when the parent acts."""
     latencies = []
-    with Children() as children:
+    with Children(context()) as children:
         if parent_side == "add":
-            process, pipe = children.start(workers.wake_sampler, rb, rounds, 1, 30.0)
+            process, pipe = children.launch(workers.wake_sampler, rb, rounds, 1, 30.0)
         else:
-            process, pipe = children.start(workers.wake_adder, rb, rounds, 30.0)
+            process, pipe = children.launch(workers.wake_adder, rb, rounds, 30.0)
         receive(pipe, "child start")
         rng = np.random.default_rng(3)
         for k in range(rounds):
@@ -427,11 +404,12 @@ def test_two_writers_and_a_learner_stay_inside_the_window(kind, backend):
     seconds = 3.0
     rows, batch = 8, 32                                    # a batch of either side fits: 64 < 300
     diffs = []
-    with kind(4096, ENV, rate_limiter=limiter, backend=backend) as rb, Children() as children:
+    with kind(4096, ENV, rate_limiter=limiter, backend=backend) as rb, \
+            Children(context()) as children:
         start = context().Event()
         # The learner first: it waits for the minimum size (a sample held back).
-        runs = [children.start(workers.learner, rb, start, seconds, batch, 5.0)]
-        runs += [children.start(workers.writer, rb, start, seconds, rows, 10_000 * w, 5.0, 0.3)
+        runs = [children.launch(workers.learner, rb, start, seconds, batch, 5.0)]
+        runs += [children.launch(workers.writer, rb, start, seconds, rows, 10_000 * w, 5.0, 0.3)
                  for w in range(2)]
         start.set()
         ended = time.monotonic() + seconds + 30
@@ -468,9 +446,9 @@ def test_two_writers_and_a_learner_stay_inside_the_window(kind, backend):
 def test_a_view_in_another_process_sees_and_obeys_the_same_limiter(backend):
     limiter = SampleToInsertRatio(1.0, 4, 4.0)             # window [0, 8]
     with PrioritizedReplayBuffer(64, ENV, rate_limiter=limiter, backend=backend) as rb, \
-            Children() as children:
+            Children(context()) as children:
         rb.add(**batch_of(8))                               # diff 8: adds held back
-        process, pipe = children.start(workers.view_report, rb.name)
+        process, pipe = children.launch(workers.view_report, rb.name)
         report = receive(pipe, "view")[1]
         process.join(TIMEOUT)
         own = rb.stats()["rate_limiter"]
@@ -484,8 +462,8 @@ def test_a_view_in_another_process_sees_and_obeys_the_same_limiter(backend):
 
 
 def test_ctrl_c_ends_a_wait_promptly():
-    with ReplayBuffer(16, ENV, rate_limiter=MinSize(4)) as rb, Children() as children:
-        process, pipe = children.start(workers.interrupted_sampler, rb)
+    with ReplayBuffer(16, ENV, rate_limiter=MinSize(4)) as rb, Children(context()) as children:
+        process, pipe = children.launch(workers.interrupted_sampler, rb)
         receive(pipe, "start")
         time.sleep(0.2)
         sent = time.monotonic()
@@ -540,9 +518,9 @@ def test_killing_the_learner_lets_waiting_writers_time_out_then_go_on():
     SIGKILLed while it sleeps on its gate: nobody is wedged by it."""
     limiter = SampleToInsertRatio(2.0, 16, 40.0)          # window [-8, 72]
     with PrioritizedReplayBuffer(1024, ENV, rate_limiter=limiter) as rb, \
-            Children() as children:
-        learner, learner_pipe = children.start(workers.keep_going, rb, "sample", 8, 0.5, 60.0)
-        writers = [children.start(workers.keep_going, rb, "add", 4, 0.4, 60.0)
+            Children(context()) as children:
+        learner, learner_pipe = children.launch(workers.keep_going, rb, "sample", 8, 0.5, 60.0)
+        writers = [children.launch(workers.keep_going, rb, "add", 4, 0.4, 60.0)
                    for _ in range(3)]
         for _, pipe in writers + [(learner, learner_pipe)]:
             receive(pipe, "start")
@@ -566,7 +544,7 @@ def test_killing_the_learner_lets_waiting_writers_time_out_then_go_on():
         stuck = rb.stats()
         assert not stuck["rate_limiter"]["can_insert"]
         # A new learner: the survivors go on.
-        _, new_learner = children.start(workers.keep_going, rb, "sample", 8, 0.5, 3.0)
+        _, new_learner = children.launch(workers.keep_going, rb, "sample", 8, 0.5, 3.0)
         receive(new_learner, "start")
         resumed = [latest(pipe, 1.5) for _, pipe in survivors]
         for before, after in zip(later, resumed):
@@ -582,9 +560,9 @@ def test_killing_writers_while_the_learner_waits():
     the learner goes on with the other's progress; then the other is killed and the learner's
     waits end in clean TimeoutErrors."""
     limiter = SampleToInsertRatio(1.0, 8, 20.0)           # window [-12, 28]
-    with ReplayBuffer(1024, ENV, rate_limiter=limiter) as rb, Children() as children:
-        learner, learner_pipe = children.start(workers.keep_going, rb, "sample", 4, 0.4, 60.0)
-        writers = [children.start(workers.keep_going, rb, "add", 1, 5.0, 60.0)
+    with ReplayBuffer(1024, ENV, rate_limiter=limiter) as rb, Children(context()) as children:
+        learner, learner_pipe = children.launch(workers.keep_going, rb, "sample", 4, 0.4, 60.0)
+        writers = [children.launch(workers.keep_going, rb, "add", 1, 5.0, 60.0)
                    for _ in range(2)]
         for _, pipe in writers + [(learner, learner_pipe)]:
             receive(pipe, "start")
