@@ -451,6 +451,7 @@ def tree_problems(tree):
     Examples
     --------
     >>> import numpy as np
+    >>> from cpprb_ray._store import tree_problems
     >>> tree_problems((3.0, np.array([1.0, 2.0]), 1.0, np.array([1.0, 2.0])))
     []
     >>> tree_problems((3.5, np.array([1.0, 2.0]), 2.0, np.array([1.0, np.inf])))
