@@ -15,6 +15,7 @@ running interpreter.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -115,7 +116,7 @@ class TwoNodes:
         self._launch(
             ["unshare", "-m", "bash", "-c",
              'mount -t tmpfs -o size=2g tmpfs /dev/shm && exec "$0" "$@"', ray, "start",
-             "--address", self.address, "--resources", '{"%s": 1}' % REMOTE_RESOURCE,
+             "--address", self.address, "--resources", json.dumps({REMOTE_RESOURCE: 1}),
              "--dashboard-agent-listen-port", str(free_port()),
              "--temp-dir", os.path.join(self.directory, "node2")] + common, "node2.log")
         return self.address

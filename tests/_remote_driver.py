@@ -22,12 +22,12 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(TESTS_DIR))
 sys.path.insert(0, TESTS_DIR)
 
+import _workers  # noqa: E402
 import ray  # noqa: E402
+from _workers import ENV, rows  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
-import _workers  # noqa: E402
 import cpprb_ray  # noqa: E402
-from _workers import ENV, rows  # noqa: E402
 from benchmarks._two_nodes import REMOTE_RESOURCE, wait_for_nodes  # noqa: E402
 from cpprb_ray import remote  # noqa: E402
 
