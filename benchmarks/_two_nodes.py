@@ -10,7 +10,7 @@ find it, and :meth:`TwoNodes.stop` ends exactly the processes it started (their 
 groups), never another cluster's (``ray stop`` would end every Ray of this user).
 
 Needs root (or CAP_SYS_ADMIN) for the mount namespace, and Ray's ``ray`` script beside the
-running interpreter.
+running interpreter's Ray (``python -m ray.scripts.scripts``).
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ class TwoNodes:
         env.pop("RAY_ADDRESS", None)
         return env
 
-    def _ray(self) -> str:
-        script = os.path.join(os.path.dirname(sys.executable), "ray")
-        return script if os.path.exists(script) else "ray"
+    def _ray(self) -> List[str]:
+        # Ray's CLI through this interpreter: the same Ray as the driver's, script or not.
+        return [sys.executable, "-m", "ray.scripts.scripts"]
 
     def _launch(self, argv: List[str], log: str) -> subprocess.Popen:
         with open(os.path.join(self.directory, log), "wb") as output:
@@ -97,11 +97,11 @@ class TwoNodes:
         self.directory = tempfile.mkdtemp(prefix="cr2n_", dir="/tmp")
         ray = self._ray()
         common = ["--block", "--num-cpus", str(self.cpus), "--disable-usage-stats"]
-        head = self._launch(
-            [ray, "start", "--head", "--port", str(free_port()), "--include-dashboard=false",
-             "--dashboard-port", str(free_port()),
-             "--dashboard-agent-listen-port", str(free_port()),
-             "--temp-dir", os.path.join(self.directory, "head")] + common, "head.log")
+        head = self._launch(ray + [
+            "start", "--head", "--port", str(free_port()), "--include-dashboard=false",
+            "--dashboard-port", str(free_port()),
+            "--dashboard-agent-listen-port", str(free_port()),
+            "--temp-dir", os.path.join(self.directory, "head")] + common, "head.log")
         address_file = os.path.join(self.directory, "head", "ray_current_cluster")
         deadline = time.monotonic() + timeout
         while not os.path.exists(address_file):
@@ -113,12 +113,12 @@ class TwoNodes:
             self.address = handle.read().strip()
         # The second node: its own mount namespace with a private tmpfs over /dev/shm (Ray's
         # object store there too), mounted before Ray starts.
-        self._launch(
-            ["unshare", "-m", "bash", "-c",
-             'mount -t tmpfs -o size=2g tmpfs /dev/shm && exec "$0" "$@"', ray, "start",
-             "--address", self.address, "--resources", json.dumps({REMOTE_RESOURCE: 1}),
-             "--dashboard-agent-listen-port", str(free_port()),
-             "--temp-dir", os.path.join(self.directory, "node2")] + common, "node2.log")
+        self._launch(["unshare", "-m", "bash", "-c",
+                      'mount -t tmpfs -o size=2g tmpfs /dev/shm && exec "$0" "$@"'] + ray + [
+            "start", "--address", self.address,
+            "--resources", json.dumps({REMOTE_RESOURCE: 1}),
+            "--dashboard-agent-listen-port", str(free_port()),
+            "--temp-dir", os.path.join(self.directory, "node2")] + common, "node2.log")
         return self.address
 
     def log(self, name: str) -> str:

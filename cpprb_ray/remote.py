@@ -139,10 +139,14 @@ def pickle_state(handle: Any) -> Optional[Dict[str, Any]]:
 
     Examples
     --------
+    >>> import sys
     >>> from cpprb_ray import ReplayBuffer, remote
     >>> with ReplayBuffer(4, {"obs": {}}) as rb:
-    ...     print(remote.pickle_state(rb))   # no Ray job in this process
-    None
+    ...     state = remote.pickle_state(rb)
+    >>> in_ray_job = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    >>> expected = ["alpha", "capacity", "eps", "layout", "limited", "node", "prioritized"]
+    >>> (sorted(state) if state else None) == (expected if in_ray_job else None)
+    True
     """
     store = handle._store
     if isinstance(store, RemoteStore):

@@ -52,10 +52,11 @@ class RemoteUser:
     def configure(self, **settings: Any) -> Dict[str, Any]:
         return remote.configure(**settings)
 
-    def decoy(self, name: str) -> bool:
+    def decoy(self, backend: str, name: str) -> bool:
         """Make a buffer of our own under `name` in this node's /dev/shm (another segment with
         the owner's name, as another host could have)."""
-        self.decoy_rb = cpprb_ray.PrioritizedReplayBuffer(8, ENV, name=name)
+        where = {"path": name} if backend == "mmap" else {"name": name}
+        self.decoy_rb = cpprb_ray.PrioritizedReplayBuffer(8, ENV, backend=backend, **where)
         self.decoy_rb.add(**rows(-5, 1))
         return os.path.exists(shm_path(self.decoy_rb))
 
@@ -228,7 +229,7 @@ def check_tasks_and_actors(user: Any, here: str) -> None:
         assert local == {"remote": False, "node": here}, local
         # The actor holds a decoy: another buffer under the owner's name in its node's
         # /dev/shm. Unpickling there must not take it for ours (the token decides).
-        assert ray.get(user.decoy.remote(rb.name), timeout=TIMEOUT) is True
+        assert ray.get(user.decoy.remote(rb.backend, rb.name), timeout=TIMEOUT) is True
         kept = ray.get(user.keep.remote(rb), timeout=TIMEOUT)
         assert kept["remote"] is True and kept["owner"] is False and kept["visible"] is True, kept
         assert kept["type"] == "PrioritizedReplayBuffer" and kept["size"] == 10_000, kept
