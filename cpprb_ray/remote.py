@@ -316,7 +316,7 @@ class RemoteStore:
         except ray.exceptions.RayError as error:
             raise self._gone(f"the proxy actor is gone (the owner closed the buffer or died, "
                              f"or its node is down): {type(error).__name__}: "
-                             f"{str(error).splitlines()[0] if str(error) else ''}") from None
+                             f"{_gist(str(error))}") from None
 
     def _call(self, method: str, *args: Any, waits: bool = False) -> Any:
         """One call of the proxy. `waits`: the call may legitimately block (a rate limiter):
@@ -563,6 +563,14 @@ def _flush_by_age(store_ref: weakref.ref[RemoteStore]) -> None:
         del store
 
 
+def _gist(message: str) -> str:
+    """A Ray error's first line, and its last (a failed creation task's own error) if other."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+
+
 def _check_out(out: Any, columns: Sequence[Any], batch: int) -> None:
     """ValueError unless `out` has every key of a sample, each of the right shape and dtype."""
     if not isinstance(out, dict):
@@ -600,6 +608,11 @@ class Proxy:
         self._store = self._view._store
         self._backend, self._location, self._token = backend, location, token
         self._meta = dict(self._view._layout.meta)
+        if self._owner_dead():
+            self._view.close()
+            raise FileNotFoundError(f"buffer {location!r}: its owner (pid "
+                                    f"{self._meta.get('owner_pid')}) is dead; the segment is an "
+                                    f"orphan (python -m cpprb_ray rm --orphans)")
         watchdog = threading.Thread(target=self._watch, name="cpprb_ray-proxy-watchdog",
                                     daemon=True)
         watchdog.start()
@@ -608,7 +621,7 @@ class Proxy:
         while True:
             time.sleep(WATCH_SECONDS)
             if (_layout.token_at(self._backend, self._location) != self._token
-                    or _orphans.owner_status(self._meta)[0] == _orphans.DEAD):
+                    or self._owner_dead()):
                 break
         # The buffer is gone: so is its proxy. Ray's own graceful exit (the actor is then
         # dead, its name free); should that not come, the process ends itself.
@@ -619,6 +632,9 @@ class Proxy:
         finally:
             time.sleep(10.0)
             os._exit(0)
+
+    def _owner_dead(self) -> bool:
+        return _orphans.owner_status(self._meta)[0] == _orphans.DEAD
 
     def ping(self) -> Dict[str, Any]:
         """Where this proxy runs: its pid and Ray node."""

@@ -120,14 +120,19 @@ class RemoteUser:
         return {"error": failed, "seconds": seconds, "stored": self.rb.get_stored_size()}
 
     def call_after_close(self) -> Dict[str, Any]:
-        started = time.monotonic()
-        try:
-            self.rb.add(**rows(0, 1))
-            self.rb.flush()
-        except remote.RemoteBufferError as error:
-            return {"error": f"{type(error).__name__}: {error}",
-                    "seconds": time.monotonic() - started}
-        return {"error": "", "seconds": time.monotonic() - started}
+        """Two calls after the buffer's end: the first meets the dead proxy, the second a new
+        one that refuses the buffer. Both must fail, clearly and soon."""
+        found: Dict[str, Any] = {}
+        for attempt in ("error", "again"):
+            started = time.monotonic()
+            try:
+                self.rb.add(**rows(0, 1))
+                self.rb.flush()
+                found[attempt] = ""
+            except remote.RemoteBufferError as error:
+                found[attempt] = f"{type(error).__name__}: {error}"
+            found["seconds"] = max(found.get("seconds", 0.0), time.monotonic() - started)
+        return found
 
     def episodes(self) -> Any:
         """N-step: a terminated episode of 5 steps, then a truncated one of 2 (one row a call,
@@ -165,6 +170,16 @@ class RemoteUser:
         self.rb.add(**rows(100, 4))
         return self.rb.get_stored_size()
 
+    def add_and_return(self, first: int, count: int) -> None:
+        """Add rows and return: they stay queued until the age flush sends them."""
+        self.rb.add(**rows(first, count))
+
+    def add_and_exit(self, first: int, count: int) -> None:
+        """Add rows (no age flush for 30 s), then end this actor's process: the exit sends them."""
+        remote.configure(flush_seconds=30.0)
+        self.rb.add(**rows(first, count))
+        ray.actor.exit_actor()
+
     def add_forever(self, first: int, batch: int) -> None:
         """Single rows with serials first, first + 1, ..., sent every `batch` rows, until
         killed."""
@@ -173,6 +188,16 @@ class RemoteUser:
         while True:
             self.rb.add(**rows(serial, 1))
             serial += 1
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Owner:
+    """A buffer's owner that is not the driver (on the head), to be killed."""
+
+    def make(self) -> Any:
+        self.rb = cpprb_ray.PrioritizedReplayBuffer(1000, ENV)
+        self.rb.add(**rows(0, 10))
+        return self.rb
 
 
 @ray.remote(num_cpus=0, resources={REMOTE_RESOURCE: 0.01}, max_retries=0)
@@ -267,6 +292,7 @@ def check_tasks_and_actors(user: Any, here: str) -> None:
     wait_for(lambda: not proxies_of(rb), 10.0, "the proxy's end after the owner's close")
     result = ray.get(user.call_after_close.remote(), timeout=TIMEOUT)
     assert result["error"].startswith("RemoteBufferError"), result
+    assert result["again"].startswith("RemoteBufferError"), result
     assert result["seconds"] < 30.0, result
 
 
@@ -315,6 +341,49 @@ def check_rate_limiter(user: Any) -> None:
         rb.close()
 
 
+def check_flushes(user: Any) -> None:
+    """Rows left queued arrive by age (no other call); an actor's exit sends what it queued."""
+    rb = cpprb_ray.ReplayBuffer(1000, ENV)
+    try:
+        assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
+        ray.get(user.add_and_return.remote(0, 7), timeout=TIMEOUT)
+        wait_for(lambda: rb.get_stored_size() == 7, 5.0, "the rows queued, by age")
+        leaving = RemoteUser.remote()
+        ray.get(leaving.keep.remote(rb), timeout=TIMEOUT)
+        try:
+            ray.get(leaving.add_and_exit.remote(100, 5), timeout=TIMEOUT)
+        except ray.exceptions.RayActorError:
+            pass   # the actor ended itself
+        wait_for(lambda: rb.get_stored_size() == 12, 10.0, "the rows queued at the exit")
+        assert set(_workers.serials_of(rb.get_all_transitions()).tolist()) == (
+            set(range(7)) | set(range(100, 105)))
+    finally:
+        rb.close()
+
+
+def check_owner_died(user: Any) -> None:
+    """The owner killed: its proxy ends, a client's next call fails clearly and soon."""
+    owner = Owner.remote()
+    rb = ray.get(owner.make.remote(), timeout=TIMEOUT)   # a view here, on the owner's node
+    name = rb.name
+    try:
+        assert not rb.is_owner and not rb.is_remote
+        assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
+        ray.get(user.add_and_return.remote(10, 5), timeout=TIMEOUT)
+        wait_for(lambda: rb.get_stored_size() == 15, 5.0, "the rows, through the proxy")
+        assert len(proxies_of(rb)) == 1
+        ray.kill(owner, no_restart=True)
+        wait_for(lambda: not proxies_of(rb), 10.0, "the proxy's end after the owner's death")
+        result = ray.get(user.call_after_close.remote(), timeout=TIMEOUT)
+        assert result["error"].startswith("RemoteBufferError"), result
+        assert result["again"].startswith("RemoteBufferError"), result
+        assert "is dead" in result["again"], result
+        assert result["seconds"] < 30.0, result
+    finally:
+        rb.close()
+        cpprb_ray.remove_buffer(name)   # the dead owner's orphan
+
+
 def check_failures(user: Any) -> None:
     rb = cpprb_ray.PrioritizedReplayBuffer(100_000, ENV)
     try:
@@ -361,7 +430,8 @@ def check_failures(user: Any) -> None:
 
 
 CHECKS = {"tasks_and_actors": check_tasks_and_actors, "nstep": check_nstep,
-          "rate_limiter": check_rate_limiter, "failures": check_failures}
+          "rate_limiter": check_rate_limiter, "flushes": check_flushes,
+          "owner_died": check_owner_died, "failures": check_failures}
 
 
 def main() -> int:

@@ -83,3 +83,34 @@ def test_proxy_and_writer_killed(remote_results):
     """The proxy killed: the next call fails clearly within seconds, the one after works; a
     writer killed while adding leaves whole batches, in order, untorn."""
     _check(remote_results, "failures")
+
+
+def test_flushes_and_the_owners_death(remote_results):
+    """Queued rows arrive by age and at an actor's exit; the owner killed: its proxy ends and
+    a client's calls fail clearly (a new proxy refuses a dead owner's segment)."""
+    _check(remote_results, "flushes")
+    _check(remote_results, "owner_died")
+
+
+def test_core_without_ray():
+    """cpprb_ray imports, pickles and works where Ray cannot be imported at all."""
+    script = (
+        "import sys, pickle\n"
+        "class NoRay:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ray' or name.startswith('ray.'):\n"
+        "            raise ImportError('no ray here')\n"
+        "sys.meta_path.insert(0, NoRay())\n"
+        "import cpprb_ray\n"
+        "with cpprb_ray.PrioritizedReplayBuffer(8, {'obs': {}}) as rb:\n"
+        "    rb.add(obs=[1.0, 2.0])\n"
+        "    view = pickle.loads(pickle.dumps(rb))\n"
+        "    assert not view.is_remote and view.get_stored_size() == 2\n"
+        "    assert view.flush() == 0 and len(view.sample(4)['obs']) == 4\n"
+        "    view.close()\n"
+        "assert 'ray' not in sys.modules\n"
+        "print('ok')\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=60,
+                            env=dict(os.environ, PYTHONPATH=REPO_ROOT))
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
