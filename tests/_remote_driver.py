@@ -296,7 +296,7 @@ def check_tasks_and_actors(user: Any, here: str) -> None:
     assert result["seconds"] < 30.0, result
 
 
-def check_nstep(user: Any) -> None:
+def check_nstep(user: Any, here: str) -> None:
     rb = cpprb_ray.ReplayBuffer(64, NSTEP_ENV, Nstep=NSTEP)
     reference = cpprb_ray.ReplayBuffer(64, NSTEP_ENV, Nstep=NSTEP)
     try:
@@ -317,7 +317,7 @@ def check_nstep(user: Any) -> None:
         reference.close()
 
 
-def check_rate_limiter(user: Any) -> None:
+def check_rate_limiter(user: Any, here: str) -> None:
     limiter = cpprb_ray.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=1,
                                             error_buffer=(-2.0, 4.0))
     rb = cpprb_ray.PrioritizedReplayBuffer(64, ENV, rate_limiter=limiter)
@@ -341,7 +341,7 @@ def check_rate_limiter(user: Any) -> None:
         rb.close()
 
 
-def check_flushes(user: Any) -> None:
+def check_flushes(user: Any, here: str) -> None:
     """Rows left queued arrive by age (no other call); an actor's exit sends what it queued."""
     rb = cpprb_ray.ReplayBuffer(1000, ENV)
     try:
@@ -361,9 +361,11 @@ def check_flushes(user: Any) -> None:
         rb.close()
 
 
-def check_owner_died(user: Any) -> None:
+def check_owner_died(user: Any, here: str) -> None:
     """The owner killed: its proxy ends, a client's next call fails clearly and soon."""
-    owner = Owner.remote()
+    # On the head, beside this driver (num_cpus=0 would fit it on either node).
+    owner = Owner.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)
+                          ).remote()
     rb = ray.get(owner.make.remote(), timeout=TIMEOUT)   # a view here, on the owner's node
     name = rb.name
     try:
@@ -384,7 +386,7 @@ def check_owner_died(user: Any) -> None:
         cpprb_ray.remove_buffer(name)   # the dead owner's orphan
 
 
-def check_failures(user: Any) -> None:
+def check_failures(user: Any, here: str) -> None:
     rb = cpprb_ray.PrioritizedReplayBuffer(100_000, ENV)
     try:
         assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
@@ -449,10 +451,7 @@ def main() -> int:
         for name, check in CHECKS.items():
             began = time.monotonic()
             try:
-                if name == "tasks_and_actors":
-                    check(user, here)
-                else:
-                    check(user)
+                check(user, here)
                 results[name] = "ok"
             except BaseException:  # noqa: BLE001 - reported, the next check runs
                 results[name] = traceback.format_exc()
