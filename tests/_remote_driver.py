@@ -170,6 +170,12 @@ class RemoteUser:
         self.rb.add(**rows(100, 4))
         return self.rb.get_stored_size()
 
+    def save_and_clear(self, path: str) -> int:
+        """save() from here (the file is written by this process), then clear()."""
+        self.rb.save(path)
+        self.rb.clear()
+        return self.rb.get_stored_size()
+
     def add_and_return(self, first: int, count: int) -> None:
         """Add rows and return: they stay queued until the age flush sends them."""
         self.rb.add(**rows(first, count))
@@ -355,8 +361,16 @@ def check_flushes(user: Any, here: str) -> None:
         except ray.exceptions.RayActorError:
             pass   # the actor ended itself
         wait_for(lambda: rb.get_stored_size() == 12, 10.0, "the rows queued at the exit")
-        assert set(_workers.serials_of(rb.get_all_transitions()).tolist()) == (
-            set(range(7)) | set(range(100, 105)))
+        before = rb.get_all_transitions()
+        assert set(_workers.serials_of(before).tolist()) == set(range(7)) | set(range(100, 105))
+        # save() and clear() through the proxy (the second node shares this /tmp, not /dev/shm).
+        path = os.path.join(os.path.dirname(os.path.abspath(sys.argv[2])), "remote.ckpt")
+        assert ray.get(user.save_and_clear.remote(path), timeout=TIMEOUT) == 0
+        assert rb.get_stored_size() == 0
+        with cpprb_ray.ReplayBuffer.load(path) as copy:
+            after = copy.get_all_transitions()
+            for key in before:
+                assert np.array_equal(before[key], after[key]), key
     finally:
         rb.close()
 
