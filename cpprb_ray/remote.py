@@ -210,7 +210,7 @@ def client(cls: Type[Any], backend: str, location: str, token: Optional[str],
     handle = target.__new__(target)
     handle._bind(RemoteSegment(backend, location), layout, owner=False, seed=None, store=store)
     # Sends the queue when the handle is collected; close() detaches it after sending.
-    handle._finalizer = weakref.finalize(handle, store.release, False)
+    handle._finalizer = weakref.finalize(handle, store.release)
     return handle
 
 
@@ -239,7 +239,7 @@ _exit_hook = [False]
 
 def _release_all_at_exit() -> None:
     for store in list(_live_stores):
-        store.release(False)
+        store.release()
 
 
 class RemoteStore:
@@ -261,7 +261,8 @@ class RemoteStore:
         self._alpha, self._eps = float(state["alpha"]), float(state["eps"])
         self._max_weight = _rules.max_leaf_weight(self.capacity)
         self._row_bytes = sum(c.row_bytes for c in columns)
-        self._lock = threading.RLock()           # the queue and the actor handle
+        self._lock = threading.RLock()           # the queue
+        self._connect_lock = threading.Lock()    # the actor handle
         self._wake = threading.Condition(self._lock)
         self._actor: Any = None
         self._closed = False
@@ -279,21 +280,28 @@ class RemoteStore:
     # -- the actor ----------------------------------------------------------------------------
 
     def _connect(self) -> Any:
-        if self._actor is None:
-            ray = _ray()
-            if ray is None:
-                raise RemoteBufferError(f"buffer {self.location!r}: this process is no longer "
-                                        f"part of a Ray job (ray.shutdown?)")
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        with self._connect_lock:
+            return self._actor if self._actor is not None else self._start()
 
-            self._actor = _proxy_class(ray).options(
-                name=proxy_name(self.backend, self.location, self.token), namespace=NAMESPACE,
-                get_if_exists=True, lifetime="detached", num_cpus=0, max_restarts=0,
-                max_concurrency=PROXY_CONCURRENCY,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(self.state["node"],
-                                                                   soft=False),
-            ).remote(self.backend, self.location, self.token)
+    def _start(self) -> Any:
+        """Find the buffer's proxy, or start it on the owner's node."""
+        ray = self._ray_or_fail()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self._actor = _proxy_class(ray).options(
+            name=proxy_name(self.backend, self.location, self.token), namespace=NAMESPACE,
+            get_if_exists=True, lifetime="detached", num_cpus=0, max_restarts=0,
+            max_concurrency=PROXY_CONCURRENCY,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.state["node"], soft=False),
+        ).remote(self.backend, self.location, self.token)
         return self._actor
+
+    def _ray_or_fail(self) -> Any:
+        ray = _ray()
+        if ray is None:
+            raise RemoteBufferError(f"buffer {self.location!r}: this process is no longer part "
+                                    f"of a Ray job (ray.shutdown?)")
+        return ray
 
     def _gone(self, why: str) -> RemoteBufferError:
         self._actor = None   # the next call starts (or finds) a proxy again
@@ -321,7 +329,7 @@ class RemoteStore:
     def _call(self, method: str, *args: Any, waits: bool = False) -> Any:
         """One call of the proxy. `waits`: the call may legitimately block (a rate limiter):
         then it is given as long as it takes, checking every second that the actor answers."""
-        ray = _ray()
+        ray = self._ray_or_fail()
         call_timeout = _settings["call_timeout"]
         actor = self._connect()
         ref = getattr(actor, method).remote(*args)
@@ -377,16 +385,18 @@ class RemoteStore:
         """Queue one transition or a batch (checked here, as add checks); with a rate limiter,
         send it at once and wait for it. Returns None, or with a limiter the first slot."""
         seconds = _rules.as_timeout(timeout)
+        if self._limited:
+            # Sent at once, and waited for WITHOUT the queue's lock: a sampler thread of this
+            # process may be what the limiter waits for.
+            self._check_open()
+            arrays, count, priorities = self._stage(values, priorities)
+            wait = None if seconds < 0 else seconds   # as_timeout: -1 for None
+            first, _ = self._call("add", arrays, priorities,
+                                  [(0, count, priorities is not None)], wait, waits=True)
+            return int(first)
         with self._lock:
             self._check_open()
             arrays, count, priorities = self._stage(values, priorities)
-            if self._limited:
-                self._flush_locked(None)
-                wait = None if seconds < 0 else seconds   # as_timeout: -1 for None
-                first, _ = self._call("add", arrays, priorities, [(0, count, priorities
-                                                                 is not None)], wait,
-                                      waits=True)
-                return int(first)
             self._enqueue(arrays, count, priorities)
             if (self._queued >= _settings["flush_rows"]
                     or self._queued * self._row_bytes >= _settings["flush_bytes"]):
@@ -534,17 +544,16 @@ class RemoteStore:
     def lock_owner(self) -> int:
         return int(self.counters()["lock_holder"])
 
-    def release(self, strict: bool = True) -> None:
-        """Send what is queued and close (idempotent). `strict`: raise a failure to send (a
-        close); otherwise (collection, exit) warn that the queued rows were lost."""
+    def release(self) -> None:
+        """Send what is queued and close (idempotent). A failure to send is a RuntimeWarning
+        (the rows are lost), never an exception: a close always closes (call ``flush()``
+        first to get the error)."""
         with self._lock:
             if self._closed:
                 return
             try:
                 self._flush_locked(None)
             except Exception as error:  # noqa: BLE001
-                if strict:
-                    raise
                 warnings.warn(f"cpprb_ray: a remote handle of {self.location!r} could not send "
                               f"its queued rows ({error})", RuntimeWarning, stacklevel=2)
             finally:

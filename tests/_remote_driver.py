@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable, Dict
@@ -186,6 +187,20 @@ class RemoteUser:
         self.rb.add(**rows(first, count))
         ray.actor.exit_actor()
 
+    def released_by_own_sampler(self) -> float:
+        """An add held back by the limiter (timeout None) while a thread of this process
+        samples through the same handle: the sample must not wait for the add."""
+        def sample_later() -> None:
+            time.sleep(0.5)
+            self.rb.sample(4, timeout=10.0)
+        sampler = threading.Thread(target=sample_later)
+        sampler.start()
+        started = time.monotonic()
+        self.rb.add(**rows(200, 1))
+        waited = time.monotonic() - started
+        sampler.join()
+        return waited
+
     def add_forever(self, first: int, batch: int) -> None:
         """Single rows with serials first, first + 1, ..., sent every `batch` rows, until
         killed."""
@@ -341,6 +356,9 @@ def check_rate_limiter(user: Any, here: str) -> None:
         assert not ready, "a remote add past the limiter did not wait"
         rb.sample(4)
         assert ray.get(waiting, timeout=TIMEOUT) == 12
+        waited = ray.get(user.released_by_own_sampler.remote(), timeout=TIMEOUT)
+        assert 0.4 <= waited < 10.0, waited
+        assert rb.get_stored_size() == 13
         stats = rb.stats()["rate_limiter"]
         assert stats["insert_timeouts"] == 1 and stats["sample_timeouts"] == 1, stats
     finally:
@@ -422,8 +440,8 @@ def check_failures(user: Any, here: str) -> None:
         batch = 97
         writer = RemoteUser.remote()
         ray.get(writer.keep.remote(rb), timeout=TIMEOUT)
+        before = rb.stats()["inserts"]   # nothing else adds from here on
         looping = writer.add_forever.remote(50_000, batch)
-        before = rb.stats()["inserts"]
         wait_for(lambda: rb.stats()["inserts"] >= before + 20 * batch, 30.0, "the writer's rows")
         ray.kill(writer, no_restart=True)
         try:
