@@ -61,6 +61,7 @@ NAMESPACE = "cpprb_ray"        # the proxy actors' Ray namespace, whatever the j
 WATCH_SECONDS = 0.5            # how often a proxy checks its owner and segment
 PING_SECONDS = 1.0             # how often a waiting call checks that its actor is alive
 PROXY_CONCURRENCY = 32         # calls one proxy serves at once (waiting ones included)
+EXIT_SECONDS = 5.0             # the longest an exiting process tries to send its queues
 
 _settings: Dict[str, float] = {"flush_rows": 1024, "flush_bytes": 8 << 20,
                                "flush_seconds": 0.05, "call_timeout": 60.0}
@@ -211,6 +212,7 @@ def client(cls: Type[Any], backend: str, location: str, token: Optional[str],
     handle._bind(RemoteSegment(backend, location), layout, owner=False, seed=None, store=store)
     # Sends the queue when the handle is collected; close() detaches it after sending.
     handle._finalizer = weakref.finalize(handle, store.release)
+    handle._finalizer.atexit = False   # the exit is _release_all_at_exit's, bounded
     return handle
 
 
@@ -238,8 +240,24 @@ _exit_hook = [False]
 
 
 def _release_all_at_exit() -> None:
-    for store in list(_live_stores):
-        store.release()
+    """Send every remote handle's queue as this process exits, for at most EXIT_SECONDS: some
+    Ray versions cannot make calls from an exiting worker (Ray 2.7.2 hangs in them after
+    ``exit_actor()``), and an exit must not hang on that."""
+    stores = list(_live_stores)
+    if not stores:
+        return
+    def send() -> None:
+        for store in stores:
+            store.release()
+    sender = threading.Thread(target=send, name="cpprb_ray-exit-flush", daemon=True)
+    sender.start()
+    sender.join(min(EXIT_SECONDS, _settings["call_timeout"]))
+    if sender.is_alive():
+        lost = sum(store._queued for store in stores if not store._closed)
+        for store in stores:
+            store._closed = True   # abandoned: nothing else may wait on them now
+        sys.stderr.write(f"cpprb_ray: could not send {lost} queued row(s) of remote handles "
+                         f"at exit within {EXIT_SECONDS:g} s; they are lost\n")
 
 
 class RemoteStore:
@@ -548,6 +566,8 @@ class RemoteStore:
         """Send what is queued and close (idempotent). A failure to send is a RuntimeWarning
         (the rows are lost), never an exception: a close always closes (call ``flush()``
         first to get the error)."""
+        if self._closed:   # also when an exit gave up on it (its lock may be held for ever)
+            return
         with self._lock:
             if self._closed:
                 return
@@ -633,13 +653,14 @@ class Proxy:
                     or self._owner_dead()):
                 break
         # The buffer is gone: so is its proxy. Ray's own graceful exit (the actor is then
-        # dead, its name free); should that not come, the process ends itself.
+        # dead, its name free); should that not come within 2 s (Ray 2.7.2), the process ends
+        # itself.
         try:
             import ray
 
             ray.get_runtime_context().current_actor.__ray_terminate__.remote()
         finally:
-            time.sleep(10.0)
+            time.sleep(2.0)
             os._exit(0)
 
     def _owner_dead(self) -> bool:

@@ -34,6 +34,9 @@ from cpprb_ray import remote  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(_workers)
 TIMEOUT = 60.0
+# Ray 2.7.2 (CPython 3.7's) cannot make a call from an actor that exit_actor() is ending: its
+# .remote() hangs in atexit (cpprb_ray gives up after remote.EXIT_SECONDS). Later Rays can.
+SENDS_AT_EXIT = tuple(int(part) for part in ray.__version__.split(".")[:2]) > (2, 7)
 ON_REMOTE = {"num_cpus": 0, "resources": {REMOTE_RESOURCE: 0.01}, "max_restarts": 0}
 NSTEP = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
 NSTEP_ENV = {"obs": {}, "rew": {}, "next_obs": {}, "done": {}}
@@ -372,15 +375,18 @@ def check_flushes(user: Any, here: str) -> None:
         assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
         ray.get(user.add_and_return.remote(0, 7), timeout=TIMEOUT)
         wait_for(lambda: rb.get_stored_size() == 7, 5.0, "the rows queued, by age")
-        leaving = RemoteUser.remote()
-        ray.get(leaving.keep.remote(rb), timeout=TIMEOUT)
-        try:
-            ray.get(leaving.add_and_exit.remote(100, 5), timeout=TIMEOUT)
-        except ray.exceptions.RayActorError:
-            pass   # the actor ended itself
-        wait_for(lambda: rb.get_stored_size() == 12, 10.0, "the rows queued at the exit")
+        expected = set(range(7))
+        if SENDS_AT_EXIT:
+            leaving = RemoteUser.remote()
+            ray.get(leaving.keep.remote(rb), timeout=TIMEOUT)
+            try:
+                ray.get(leaving.add_and_exit.remote(100, 5), timeout=TIMEOUT)
+            except ray.exceptions.RayActorError:
+                pass   # the actor ended itself
+            wait_for(lambda: rb.get_stored_size() == 12, 10.0, "the rows queued at the exit")
+            expected |= set(range(100, 105))
         before = rb.get_all_transitions()
-        assert set(_workers.serials_of(before).tolist()) == set(range(7)) | set(range(100, 105))
+        assert set(_workers.serials_of(before).tolist()) == expected
         # save() and clear() through the proxy (the second node shares this /tmp, not /dev/shm).
         path = os.path.join(os.path.dirname(os.path.abspath(sys.argv[2])), "remote.ckpt")
         assert ray.get(user.save_and_clear.remote(path), timeout=TIMEOUT) == 0
