@@ -350,10 +350,11 @@ class ReplayBuffer:
         """Send the rows a remote handle has queued; returns how many were sent.
 
         A remote handle (:attr:`is_remote`) batches its adds and sends them by rows, by age,
-        and before every other call; ``flush`` sends them now. `timeout`: as for :meth:`add`
-        (how long a rate limiter may hold them back). A handle that sees the segment adds in
-        place and has nothing queued: 0. N-step steps staged for an open window are not rows
-        yet (see :meth:`on_episode_end`).
+        and before every other call; ``flush`` sends them now, and raises what sending raises
+        (``close`` only warns). A handle that sees the segment adds in place and has nothing
+        queued: 0; so has a remote handle of a rate-limited buffer, whose adds are each sent
+        at once (`timeout` is checked and otherwise unused). N-step steps staged for an open
+        window are not rows yet (see :meth:`on_episode_end`).
 
         Examples
         --------
@@ -363,6 +364,7 @@ class ReplayBuffer:
         ...     print(rb.flush(), rb.get_stored_size())
         0 1
         """
+        _rules.as_timeout(timeout)
         flush = getattr(self._store, "flush", None)
         return 0 if flush is None else int(flush(timeout))
 
