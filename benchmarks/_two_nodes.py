@@ -30,14 +30,23 @@ REMOTE_RESOURCE = "remote"
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on now."""
+    """A TCP port nobody listens on now.
+
+    >>> 0 < free_port() < 65536
+    True
+    """
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
 def can_unshare() -> Optional[str]:
-    """None when this process can make the second node's mount namespace, else why not."""
+    """None when this process can make the second node's mount namespace, else why not.
+
+    >>> why_not = can_unshare()
+    >>> why_not is None or why_not.startswith(("no unshare", "unshare -m failed"))
+    True
+    """
     if shutil.which("unshare") is None:
         return "no unshare(1) on this machine"
     result = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True)

@@ -55,7 +55,7 @@ import numpy as np
 
 from cpprb_ray import _layout, _orphans, _rules, _store, buffer, nstep
 
-__all__ = ["NAMESPACE", "RemoteBufferError", "RemoteStore", "configure", "proxy_name"]
+__all__ = ["NAMESPACE", "RemoteBufferError", "configure", "proxy_name"]
 
 NAMESPACE = "cpprb_ray"        # the proxy actors' Ray namespace, whatever the job's
 WATCH_SECONDS = 0.5            # how often a proxy checks its owner and segment
@@ -198,7 +198,16 @@ class RemoteSegment:
 def client(cls: Type[Any], backend: str, location: str, token: Optional[str],
            state: Dict[str, Any]) -> Optional[Any]:
     """A remote handle of the buffer `state` describes, or None where none can be made: no Ray
-    job in this process, or this IS the owner's node (whose segment, then, is gone)."""
+    job in this process, or this IS the owner's node (whose segment, then, is gone).
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer, remote
+    >>> state = {"node": "n0", "layout": "{}", "capacity": 4, "prioritized": False}
+    >>> in_ray_job = remote._ray() is not None
+    >>> in_ray_job or remote.client(ReplayBuffer, "shm", "cpprb_ray_x", "t", state) is None
+    True
+    """
     ray = _ray()
     if ray is None or ray.get_runtime_context().get_node_id() == state["node"]:
         return None
@@ -217,7 +226,13 @@ def client(cls: Type[Any], backend: str, location: str, token: Optional[str],
 
 
 def stop_proxy(backend: str, location: str, token: Optional[str]) -> None:
-    """End the buffer's proxy actor, if it has one (the owner's close)."""
+    """End the buffer's proxy actor, if it has one (the owner's close).
+
+    Examples
+    --------
+    >>> from cpprb_ray import remote
+    >>> remote.stop_proxy("shm", "cpprb_ray_no_such_buffer", "t")   # nothing to end
+    """
     ray = _ray()
     if ray is None:
         return
