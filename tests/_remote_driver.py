@@ -236,6 +236,30 @@ def remote_task(rb: Any, first: int) -> Dict[str, Any]:
     return info
 
 
+@ray.remote(num_cpus=0, resources={REMOTE_RESOURCE: 0.01}, max_retries=0)
+def add_forever_task(rb: Any, first: int, batch: int) -> None:
+    """A task on the second node adding single rows (serials first, first + 1, ...), sent
+    every `batch` rows, until it is cancelled (its worker killed)."""
+    remote.configure(flush_rows=batch, flush_seconds=30.0)
+    serial = first
+    while True:
+        rb.add(**rows(serial, 1))
+        serial += 1
+
+
+def check_whole_batches(rb: Any, before: int, first: int, last: int, batch: int) -> int:
+    """What a killed writer sent (serials first..last-1): whole batches, in order, untorn;
+    returns how many rows."""
+    serials = _workers.serials_of(rb.get_all_transitions())
+    written = np.sort(serials[(serials >= first) & (serials < last)])
+    arrived = rb.stats()["inserts"] - before
+    assert arrived % batch == 0 and arrived >= 20 * batch, arrived
+    assert np.array_equal(written, np.arange(first, first + arrived)), written[-5:]
+    assert rb.get_stored_size() < rb.get_buffer_size()
+    assert_intact(rb)
+    return arrived
+
+
 @ray.remote(num_cpus=0)
 def local_task(rb: Any) -> Dict[str, Any]:
     """A task on the owner's node: attaches in place."""
@@ -456,15 +480,20 @@ def check_failures(user: Any, here: str) -> None:
         except ray.exceptions.RayActorError:
             pass
         time.sleep(0.5)
-        everything = rb.get_all_transitions()
-        serials = _workers.serials_of(everything)
-        written = np.sort(serials[serials >= 50_000])
-        arrived = rb.stats()["inserts"] - before
-        # Whole batches, in order: the first `arrived` serials, each once.
-        assert arrived % batch == 0 and arrived >= 20 * batch, arrived
-        assert np.array_equal(written, np.arange(50_000, 50_000 + arrived)), written[-5:]
-        assert rb.get_stored_size() < rb.get_buffer_size()
-        assert_intact(rb)
+        check_whole_batches(rb, before, 50_000, 1_000_000, batch)
+        # The same with a task, its worker killed (ray.cancel(force=True)).
+        batch = 89
+        before = rb.stats()["inserts"]
+        looping = add_forever_task.remote(rb, 1_000_000, batch)
+        wait_for(lambda: rb.stats()["inserts"] >= before + 20 * batch, 30.0, "the task's rows")
+        ray.cancel(looping, force=True)
+        try:
+            ray.get(looping, timeout=TIMEOUT)
+            raise AssertionError("the cancelled task returned")
+        except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError):
+            pass
+        time.sleep(0.5)
+        check_whole_batches(rb, before, 1_000_000, 2_000_000, batch)
     finally:
         rb.close()
 

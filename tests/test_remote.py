@@ -81,7 +81,7 @@ def test_nstep_and_rate_limiter_across_nodes(remote_results):
 
 def test_proxy_and_writer_killed(remote_results):
     """The proxy killed: the next call fails clearly within seconds, the one after works; a
-    writer killed while adding leaves whole batches, in order, untorn."""
+    writer (an actor, and a task) killed while adding leaves whole batches, in order, untorn."""
     _check(remote_results, "failures")
 
 
