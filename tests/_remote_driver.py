@@ -35,7 +35,7 @@ from cpprb_ray import remote  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(_workers)
 TIMEOUT = 60.0
 # Ray 2.7.2 (CPython 3.7's) cannot make a call from an actor that exit_actor() is ending: its
-# .remote() hangs in atexit (cpprb_ray gives up after remote.EXIT_SECONDS). Later Rays can.
+# .remote() hangs in atexit (cpprb_ray gives up after _client.EXIT_SECONDS). Later Rays can.
 SENDS_AT_EXIT = tuple(int(part) for part in ray.__version__.split(".")[:2]) > (2, 7)
 ON_REMOTE = {"num_cpus": 0, "resources": {REMOTE_RESOURCE: 0.01}, "max_restarts": 0}
 NSTEP = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
