@@ -49,7 +49,17 @@ in this build" until the buffer supports it; nothing is faked):
     samples block while it forbids them. (b) and (c) have no limiter and run unlimited, so their
     ratios then compare a paced buffer with unpaced ones; the report says so.
 --remote
-    Writers on a second Ray node (issue 10): refused; not implemented yet.
+    The writers on a second Ray node that cannot see the learner's shared memory (issue 10):
+    the script starts its own two-node cluster on this machine (benchmarks/_two_nodes.py: the
+    head, and a node in its own mount namespace over a private /dev/shm, like a second host;
+    needs root) and ends it afterwards. The learner (this process) stays on the head and owns
+    the buffer. (a): the writers' handles are remote handles (cpprb_ray.remote: adds batched,
+    sent to the buffer's proxy actor on the head); (b): the replay actor is pinned to the head,
+    beside the learner, as RLlib would place it. (c) cannot cross hosts and is left out. Rows
+    added are counted where they land: (a) by the owner's insert counter, read at every whole
+    second of the window (a row still queued in a writer is not counted); (b) as before, when
+    the writer's add.remote call has completed. The targets are then 3x (rows) and 10x (learner
+    steps).
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ import multiprocessing
 import os
 import statistics
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -69,8 +80,10 @@ import numpy as np
 
 if __package__:
     from . import _common as common
+    from . import _two_nodes
 else:  # run as a script: this file's folder is sys.path[0]
     import _common as common
+    import _two_nodes
 
 BATCH = 256  # rows per sample
 ADD_ROWS = 50  # rows per actor add
@@ -83,6 +96,8 @@ LABELS = {"shared": "(a) shared buffer", "replay_actor": "(b) replay actor (cppr
           "cpprb_mp": "(c) cpprb MPPrioritizedReplayBuffer + SyncManager"}
 #: The issue's targets, (a) / (b) at least: rows added per second, learner steps per second.
 TARGETS = {"rows_added_per_s": 20.0, "learner_steps_per_s": 50.0}
+#: With the writers on another node (--remote).
+REMOTE_TARGETS = {"rows_added_per_s": 3.0, "learner_steps_per_s": 10.0}
 RATES = {"rows_added_per_s": "rows added/s", "learner_steps_per_s": "learner steps/s"}
 
 
@@ -185,6 +200,10 @@ def make_actor_classes(ray: Any) -> Dict[str, Any]:
             add = buffer.add
             if add_kwargs:
                 add = functools.partial(add, **add_kwargs)
+            if getattr(buffer, "is_remote", False):
+                # A remote handle starts (or finds) the buffer's proxy actor on its first call:
+                # before the clock, as the actors' own start-up is.
+                buffer.get_stored_size()
             wait_until(start)
             began = time.time()
             k = 0
@@ -288,6 +307,21 @@ def _stage_and_flush(stager: Any, batch: Dict[str, np.ndarray], add: Any) -> int
 # The learner (this process)
 
 
+def count_inserts(buffer: Any, start: float, seconds: float, report: Dict[str, Any]) -> None:
+    """(a) with --remote: the rows that reached `buffer` in each whole second of the window,
+    from its insert counter (a thread of the learner's process; one cheap read a second)."""
+    window = Window(start, seconds)
+    wait_until(start)
+    report["began"] = time.time()
+    last = buffer.stats()["inserts"]
+    for second in range(len(window.per_second)):
+        wait_until(start + min(second + 1, seconds))
+        now = buffer.stats()["inserts"]
+        window.per_second[second] = now - last
+        last = now
+    report.update(window.report(report["began"]))
+
+
 def learn(sample: Any, update: Any, start: float, seconds: float, seed: int) -> Dict[str, Any]:
     """sample(256) + update of its rows for `seconds` from `start`; counts per second."""
     rng = np.random.default_rng(seed)
@@ -320,8 +354,13 @@ def run_way(way: str, ray: Any, classes: Dict[str, Any], args: argparse.Namespac
     capacity = 2**args.exponent
     beta = common.BETA
     cleanup: List[Any] = []
-    writers = [classes["Writer"].remote(args.seed + 1 + w, args.nstep, way == "cpprb_mp")
-               for w in range(args.actors)]
+    # --remote: the writers on the second node; what the learner uses stays on this one.
+    placement = {"resources": {"remote": 0.01}} if args.remote else {}
+    here = _on_this_node(ray) if args.remote else {}
+    inserts: Dict[str, Any] = {}
+    counter = None
+    writers = [classes["Writer"].options(**placement).remote(
+        args.seed + 1 + w, args.nstep, way == "cpprb_mp") for w in range(args.actors)]
     try:
         # Worker processes can take seconds to start on a loaded machine: wait for them, so
         # that the clock starts with every actor up.
@@ -346,8 +385,12 @@ def run_way(way: str, ray: Any, classes: Dict[str, Any], args: argparse.Namespac
             start = time.time() + START_MARGIN_S
             calls = [w.add_direct.remote(buffer, start, args.seconds, False,
                                          features.get("add_kwargs", {})) for w in writers]
+            if args.remote:
+                counter = threading.Thread(target=count_inserts,
+                                           args=(buffer, start, args.seconds, inserts))
+                counter.start()
         elif way == "replay_actor":
-            replay = classes["ReplayActor"].remote(capacity, args.seed)
+            replay = classes["ReplayActor"].options(**here).remote(capacity, args.seed)
             cleanup.append(lambda: ray.kill(replay))
             ray.get(replay.sample.remote(1, beta))  # filled and ready
 
@@ -378,6 +421,10 @@ def run_way(way: str, ray: Any, classes: Dict[str, Any], args: argparse.Namespac
                      for w in writers]
         learner = learn(sample, update, start, args.seconds, args.seed + 100)
         reports = ray.get(calls, timeout=args.seconds + 120)
+        if counter is not None:
+            counter.join()
+            # What landed in the buffer, not what the writers queued.
+            reports = [{key: inserts[key] for key in ("total", "per_second", "late_s")}]
     finally:
         for writer in writers:
             ray.kill(writer)
@@ -396,6 +443,14 @@ def run_way(way: str, ray: Any, classes: Dict[str, Any], args: argparse.Namespac
         "learner_steps_per_second": learner["per_second"],
         "late_s": late,
     }
+
+
+def _on_this_node(ray: Any) -> Dict[str, Any]:
+    """Ray options that pin an actor to the node of this process (the learner's)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
 
 
 def _fill_some(buffer: Any, rows: int, seed: int) -> None:
@@ -486,11 +541,12 @@ def table(results: Dict[str, Dict[str, Any]]) -> str:
         rows, "lrrrr")
 
 
-def summary(results: Dict[str, Dict[str, Any]]) -> List[str]:
-    """The targets against (b), with common.verdict on the two ratios."""
+def summary(results: Dict[str, Dict[str, Any]],
+            targets: Optional[Dict[str, float]] = None) -> List[str]:
+    """The targets (TARGETS, unless given) against (b), with common.verdict on the ratios."""
     ratio = ratios(results, "replay_actor")
     lines = []
-    for key, target in TARGETS.items():
+    for key, target in (TARGETS if targets is None else targets).items():
         head = f"target (a) >= {target:g}x (b) in {RATES[key]}"
         if ratio is None:
             lines.append(f"{head}: not measured")
@@ -520,11 +576,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="(a) with a SampleToInsertRatio(SPI, ...) limiter (needs a build "
                              "with it)")
     parser.add_argument("--remote", action="store_true",
-                        help="writers on a second Ray node (issue 10; not implemented yet)")
+                        help="writers on a second Ray node of a two-node cluster this script "
+                             "starts on this machine (needs root); ways (a) and (b)")
     args = parser.parse_args(argv)
     if args.remote:
-        parser.exit(2, "--remote: not implemented yet (issue 10: writers on a second Ray node "
-                       "need the cross-node client); refusing rather than running locally\n")
+        if "cpprb_mp" in args.ways:
+            if argv is not None and "--ways" in argv:
+                parser.error("--remote: (c) cpprb_mp cannot cross hosts; leave it out of --ways")
+            args.ways = [way for way in args.ways if way != "cpprb_mp"]
+        if args.rate_limit is not None:
+            parser.error("--remote with --rate-limit: not measured by this script")
     if args.seconds is None:
         args.seconds = 3.0 if args.quick else 20.0
     if args.actors < 1 or args.seconds <= 0 or args.nstep < 0:
@@ -543,6 +604,7 @@ def main(argv=None) -> int:
 
     info = common.run_info(args.quick)
     info.update({"ray": ray.__version__, "actors": args.actors, "seconds": args.seconds,
+                 "remote": args.remote,
                  "exponent": args.exponent, "add_rows": ADD_ROWS, "batch": BATCH,
                  "in_flight": IN_FLIGHT, "nstep": args.nstep,
                  "limiter": features.get("limiter")})
@@ -550,8 +612,22 @@ def main(argv=None) -> int:
     # Workers import this file's helpers (_common) and cpprb_ray from this checkout.
     path = os.pathsep.join([common.REPO_ROOT, os.path.dirname(os.path.abspath(__file__))]
                            + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True,
-             runtime_env={"env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}})
+    cluster = None
+    if args.remote:
+        why_not = _two_nodes.can_unshare()
+        if why_not is not None:
+            print(f"--remote: {why_not}", file=sys.stderr)
+            return 2
+        cluster = _two_nodes.TwoNodes(path.split(os.pathsep))
+        address = cluster.start()
+        print(f"two-node cluster at {address} (temp dir {cluster.directory})", file=sys.stderr,
+              flush=True)
+        ray.init(address=address, log_to_driver=True,
+                 runtime_env={"env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}})
+        _two_nodes.wait_for_nodes(ray, 2)
+    else:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True,
+                 runtime_env={"env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}})
     results: Dict[str, Dict[str, Any]] = {}
     failures: Dict[str, str] = {}
     try:
@@ -573,8 +649,13 @@ def main(argv=None) -> int:
                   flush=True)
     finally:
         ray.shutdown()
+        if cluster is not None:
+            cluster.stop()
     info["load_average_after"] = os.getloadavg()
     settings = f", N-step {args.nstep}" if args.nstep else ""
+    if args.remote:
+        settings += (", writers on a second Ray node (another mount namespace: remote handles "
+                     "for (a)), learner and (b)'s replay actor on the head")
     if args.rate_limit is not None:
         settings += (f", (a) rate-limited to {args.rate_limit:g} samples per insert ((b) and "
                      f"(c) unlimited)")
@@ -585,7 +666,7 @@ def main(argv=None) -> int:
     print(table(results))
     for way, why in failures.items():
         print(f"{LABELS[way]}: not run: {why}")
-    lines = summary(results)
+    lines = summary(results, REMOTE_TARGETS if args.remote else None)
     for line in lines:
         print(line)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in info['load_average_after'])}")

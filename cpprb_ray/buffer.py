@@ -7,7 +7,9 @@ segment's name and re-attach in place wherever they are unpickled on the same ho
 
 from __future__ import annotations
 
+import errno
 import os
+import sys
 import threading
 import time
 import warnings
@@ -139,7 +141,7 @@ class ReplayBuffer:
             raise
 
     def _bind(self, segment: _memory.Segment, layout: _layout.Layout, *, owner: bool,
-              seed: Optional[int], lock_timeout: float = 60.0) -> None:
+              seed: Optional[int], lock_timeout: float = 60.0, store: Any = None) -> None:
         # First, before anything that must be released: a broken N-step record refuses the
         # segment. The staging is this handle's own and starts empty.
         nstep_config = nstep.NstepConfig.from_meta(layout.meta, layout.columns,
@@ -150,12 +152,16 @@ class ReplayBuffer:
         self._layout = layout
         self._columns = layout.columns
         self._column_names = frozenset(c.name for c in layout.columns)
-        self._store = _store.ReplayStore(segment.memory, layout.columns, seed, lock_timeout)
+        # `store`: a stand-in with ReplayStore's methods (cpprb_ray.remote's client of the proxy
+        # actor, for a handle on a node that cannot see the segment); else the segment itself.
+        self._store = (_store.ReplayStore(segment.memory, layout.columns, seed, lock_timeout)
+                       if store is None else store)
         self._column_order = tuple(c.name for c in layout.columns)
         self._owner = owner
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
-        if not owner:
+        self._pickled_for_ray = False   # an owner's close then ends the buffer's proxy actor
+        if not owner and store is None:
             self._check_lock_holder(segment.location)
         # Frees only in this process, and only the segment with this layout's token (see
         # _ownership for every way out of a process that frees it).
@@ -272,8 +278,18 @@ class ReplayBuffer:
                                lock_timeout=lock_timeout)
 
     def __reduce__(self):
-        # Only what re-attaching needs: a few hundred bytes whatever the buffer's size.
-        return (_reattach, (type(self), self._segment.backend, self._segment.location))
+        # Only what re-attaching needs: a few hundred bytes whatever the buffer's size. The
+        # token tells the segment we describe from another one under the same name; in a Ray
+        # job, also what a node that cannot see the segment needs (cpprb_ray.remote).
+        remote_state = None
+        if "ray" in sys.modules:   # no Ray imported: no Ray job to move the handle to a node
+            from cpprb_ray import remote
+
+            remote_state = remote.pickle_state(self)
+            if remote_state is not None:
+                self._pickled_for_ray = True
+        return (_reattach, (type(self), self._segment.backend, self._segment.location,
+                            self._layout.token, remote_state))
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -315,6 +331,42 @@ class ReplayBuffer:
         True False
         """
         return self._owner and os.getpid() == self._owner_pid
+
+    @property
+    def is_remote(self) -> bool:
+        """True for a handle that reaches its buffer through the buffer's proxy actor (it was
+        unpickled on a Ray node that cannot see the segment; see :mod:`cpprb_ray.remote`).
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+        ...     print(rb.is_remote)
+        False
+        """
+        return bool(getattr(self._store, "is_remote", False))
+
+    def flush(self, timeout: Optional[float] = None) -> int:
+        """Send the rows a remote handle has queued; returns how many were sent.
+
+        A remote handle (:attr:`is_remote`) batches its adds and sends them by rows, by age,
+        and before every other call; ``flush`` sends them now, and raises what sending raises
+        (``close`` only warns). A handle that sees the segment adds in place and has nothing
+        queued: 0; so has a remote handle of a rate-limited buffer, whose adds are each sent
+        at once (`timeout` is checked and otherwise unused). N-step steps staged for an open
+        window are not rows yet (see :meth:`on_episode_end`).
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=1.0)
+        ...     print(rb.flush(), rb.get_stored_size())
+        0 1
+        """
+        _rules.as_timeout(timeout)
+        flush = getattr(self._store, "flush", None)
+        return 0 if flush is None else int(flush(timeout))
 
     @property
     def closed(self) -> bool:
@@ -413,7 +465,7 @@ class ReplayBuffer:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.get_stored_size()}/{self.get_buffer_size()}"
-        role = "owner" if self.is_owner else "view"
+        role = "owner" if self.is_owner else "remote" if self.is_remote else "view"
         return f"<{type(self).__name__} {self.backend}:{self.name} {state} {role}>"
 
     # -- add ----------------------------------------------------------------------------------
@@ -460,11 +512,12 @@ class ReplayBuffer:
         return self._store.add(self._values(columns), None, timeout)
 
     def _commit_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
-                     timeout: Optional[float] = None) -> int:
+                     timeout: Optional[float] = None) -> Optional[int]:
         """Store rows the N-step staging finished: every column (discounts included) already of
-        its dtype, C-contiguous, of shape (count, *shape); ONE store add."""
-        return int(self._store.add([rows[name] for name in self._column_order], priorities,
-                                   timeout))
+        its dtype, C-contiguous, of shape (count, *shape); ONE store add. None: a remote
+        handle queued them (its slots are chosen when the batch is sent)."""
+        first = self._store.add([rows[name] for name in self._column_order], priorities, timeout)
+        return None if first is None else int(first)
 
     # -- sample -------------------------------------------------------------------------------
 
@@ -603,6 +656,11 @@ class ReplayBuffer:
                 if self._finalizer is not None:
                     self._finalizer.detach()
                 if self._ownership is not None:
+                    if self._pickled_for_ray and self.is_owner:
+                        from cpprb_ray import remote
+
+                        remote.stop_proxy(self._segment.backend, self._segment.location,
+                                          self._layout.token)
                     # Frees in the creating process only, and only our own segment.
                     self._ownership.free()
 
@@ -852,11 +910,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
 
 def _open_view(cls: Type[ReplayBuffer], backend: str, location: str,
-               seed: Optional[int], lock_timeout: float = 60.0) -> ReplayBuffer:
-    """Map an existing segment and bind a view handle of the buffer's own kind to it."""
+               seed: Optional[int], lock_timeout: float = 60.0,
+               token: Optional[str] = None) -> ReplayBuffer:
+    """Map an existing segment and bind a view handle of the buffer's own kind to it.
+
+    With `token` (unpickling), FileNotFoundError unless the segment there is that very buffer
+    in this machine's memory: same identity token, made under this kernel boot."""
     segment = _memory.attach(backend, location)
     try:
         header, layout = _layout.read(segment.memory, segment.size, location)
+        if token is not None:
+            _check_identity(layout, token, location)
         target = cls._target_class(layout.prioritized)
         if target is None:
             kind = "prioritized" if layout.prioritized else "uniform"
@@ -870,9 +934,38 @@ def _open_view(cls: Type[ReplayBuffer], backend: str, location: str,
         raise
 
 
-def _reattach(cls: Type[ReplayBuffer], backend: str, location: str) -> ReplayBuffer:
-    """Unpickling: a view of the segment, with a fresh sampler seed."""
-    return _open_view(cls, backend, location, None)
+def _check_identity(layout: _layout.Layout, token: str, location: str) -> None:
+    """FileNotFoundError unless `layout` is the buffer whose identity token is `token`, in
+    memory this process shares with its owner."""
+    if layout.token != token:
+        raise FileNotFoundError(errno.ENOENT, "the segment at this name is another buffer than "
+                                              "the handle's (its identity token differs: "
+                                              "another host's /dev/shm, or a new buffer under "
+                                              "the name)", location)
+    boot = layout.meta.get("boot_id")
+    if boot is not None and boot != _proc.boot_id():
+        # The same file seen from another kernel (a shared disk): not shared memory.
+        raise FileNotFoundError(errno.ENOENT, f"the segment at this name was made under another "
+                                              f"kernel boot ({boot}): another host's file",
+                                location)
+
+
+def _reattach(cls: Type[ReplayBuffer], backend: str, location: str,
+              token: Optional[str] = None,
+              remote_state: Optional[Dict[str, Any]] = None) -> ReplayBuffer:
+    """Unpickling: a view of the segment, with a fresh sampler seed; on a Ray node that cannot
+    see that segment, a client of the buffer's proxy actor (cpprb_ray.remote)."""
+    try:
+        return _open_view(cls, backend, location, None, token=token)
+    except FileNotFoundError:
+        if remote_state is None:
+            raise
+        from cpprb_ray import remote
+
+        handle = remote.client(cls, backend, location, token, remote_state)
+        if handle is None:   # not in a Ray job, or on the owner's node: the segment is gone
+            raise
+        return handle
 
 
 def attach(name_or_path: PathLike, *, seed: Optional[int] = None,

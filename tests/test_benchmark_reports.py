@@ -157,13 +157,29 @@ def test_apex_table_and_a_way_that_did_not_run():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--remote"], "--remote: not implemented yet"),
+    (["--remote", "--ways", "shared", "cpprb_mp"], "(c) cpprb_mp cannot cross hosts"),
+    (["--remote", "--rate-limit", "4"], "--remote with --rate-limit: not measured"),
 ])
 def test_apex_refuses_what_it_cannot_do(argv, message, capsys):
     with pytest.raises(SystemExit) as raised:
         bench_apex.parse_args(argv)
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_apex_remote_measures_a_and_b():
+    """--remote leaves (c) out (its manager and segments cannot cross hosts) and aims at 3x and
+    10x."""
+    args = bench_apex.parse_args(["--remote"])
+    assert args.remote and args.ways == ["shared", "replay_actor"]
+    results = {"shared": {"rows_added_per_s": 30_000.0, "learner_steps_per_s": 5_000.0,
+                          "rows_added_per_second": [30_000], "learner_steps_per_second": [5_000]},
+               "replay_actor": {"rows_added_per_s": 10_000.0, "learner_steps_per_s": 100.0,
+                                "rows_added_per_second": [10_000],
+                                "learner_steps_per_second": [100]}}
+    lines = bench_apex.summary(results, bench_apex.REMOTE_TARGETS)
+    assert lines[0].startswith("target (a) >= 3x (b) in rows added/s: met"), lines
+    assert lines[1].startswith("target (a) >= 10x (b) in learner steps/s: met"), lines
 
 
 def test_apex_nstep_staging_for_cpprb_sends_completed_transitions():

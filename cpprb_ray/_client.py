@@ -1,0 +1,454 @@
+"""The client side of a remote handle: RemoteStore, ReplayStore's methods served by the buffer's
+proxy actor (:mod:`cpprb_ray._proxy`), with the adds batched here. See :mod:`cpprb_ray.remote`.
+
+Examples
+--------
+>>> from cpprb_ray import _client
+>>> _client.proxy_name("shm", "cpprb_ray_0123", "ab12")
+'cpprb_ray:shm:cpprb_ray_0123:ab12'
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from cpprb_ray import _rules, nstep
+
+NAMESPACE = "cpprb_ray"        # the proxy actors' Ray namespace, whatever the job's
+PING_SECONDS = 1.0             # how often a waiting call checks that its actor is alive
+PROXY_CONCURRENCY = 32         # calls one proxy serves at once (waiting ones included)
+EXIT_SECONDS = 5.0             # the longest an exiting process tries to send its queues
+
+_settings: Dict[str, float] = {"flush_rows": 1024, "flush_bytes": 8 << 20,
+                               "flush_seconds": 0.05, "call_timeout": 60.0}
+
+
+class RemoteBufferError(ConnectionError):
+    """A remote handle's call could not reach the buffer: its proxy actor or the owner's node is
+    gone (the owner closed the buffer or died), or no answer came within the call timeout.
+
+    Examples
+    --------
+    >>> from cpprb_ray.remote import RemoteBufferError
+    >>> issubclass(RemoteBufferError, ConnectionError)
+    True
+    """
+
+
+def proxy_name(backend: str, location: str, token: Optional[str]) -> str:
+    """The proxy actor's name: the buffer's backend, name and identity token (a buffer made
+    again under the same name gets another proxy).
+
+    Examples
+    --------
+    >>> from cpprb_ray.remote import proxy_name
+    >>> proxy_name("shm", "cpprb_ray_0123", "ab12")
+    'cpprb_ray:shm:cpprb_ray_0123:ab12'
+    """
+    return f"cpprb_ray:{backend}:{location}:{token}"
+
+
+def _ray() -> Any:
+    """Ray, when this process is part of a Ray job (else None); never imports it."""
+    ray = sys.modules.get("ray")
+    if ray is None or not getattr(ray, "is_initialized", lambda: False)():
+        return None
+    return ray
+
+
+# The client
+
+
+_live_stores: weakref.WeakSet[RemoteStore] = weakref.WeakSet()
+_exit_hook = [False]
+
+
+def _release_all_at_exit() -> None:
+    """Send every remote handle's queue as this process exits, for at most EXIT_SECONDS: some
+    Ray versions cannot make calls from an exiting worker (Ray 2.7.2 hangs in them after
+    ``exit_actor()``), and an exit must not hang on that."""
+    stores = list(_live_stores)
+    if not stores:
+        return
+    def send() -> None:
+        for store in stores:
+            store.release()
+    sender = threading.Thread(target=send, name="cpprb_ray-exit-flush", daemon=True)
+    sender.start()
+    sender.join(min(EXIT_SECONDS, _settings["call_timeout"]))
+    if sender.is_alive():
+        lost = sum(store._queued for store in stores if not store._closed)
+        for store in stores:
+            store._closed = True   # abandoned: nothing else may wait on them now
+        sys.stderr.write(f"cpprb_ray: could not send {lost} queued row(s) of remote handles "
+                         f"at exit within {EXIT_SECONDS:g} s; they are lost\n")
+
+
+class RemoteStore:
+    """ReplayStore's methods, served by the buffer's proxy actor; the adds batched here.
+
+    Made by unpickling (:func:`client`); see the module's description.
+    """
+
+    is_remote = True
+
+    def __init__(self, backend: str, location: str, token: Optional[str],
+                 state: Dict[str, Any], columns: Sequence[Any]) -> None:
+        self.state = state
+        self.backend, self.location, self.token = backend, location, token
+        self.prioritized = bool(state["prioritized"])
+        self.capacity = int(state["capacity"])
+        self._columns = [c for c in columns]
+        self._limited = bool(state["limited"])
+        self._alpha, self._eps = float(state["alpha"]), float(state["eps"])
+        self._max_weight = _rules.max_leaf_weight(self.capacity)
+        self._row_bytes = sum(c.row_bytes for c in columns)
+        self._lock = threading.RLock()           # the queue
+        self._connect_lock = threading.Lock()    # the actor handle
+        self._wake = threading.Condition(self._lock)
+        self._actor: Any = None
+        self._closed = False
+        self._failure: Optional[BaseException] = None   # a background flush's, raised next
+        self._queue: Optional[List[np.ndarray]] = None
+        self._queue_priorities: Optional[np.ndarray] = None   # NaN: the row came without one
+        self._queued = 0
+        self._oldest = 0.0
+        self._flusher: Optional[threading.Thread] = None
+        _live_stores.add(self)
+        if not _exit_hook[0]:
+            _exit_hook[0] = True
+            atexit.register(_release_all_at_exit)
+
+    # -- the actor ----------------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        with self._connect_lock:
+            return self._actor if self._actor is not None else self._start()
+
+    def _start(self) -> Any:
+        """Find the buffer's proxy, or start it on the owner's node."""
+        ray = self._ray_or_fail()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from cpprb_ray import _proxy
+
+        self._actor = _proxy.proxy_class(ray).options(
+            name=proxy_name(self.backend, self.location, self.token), namespace=NAMESPACE,
+            get_if_exists=True, lifetime="detached", num_cpus=0, max_restarts=0,
+            max_concurrency=PROXY_CONCURRENCY,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.state["node"], soft=False),
+        ).remote(self.backend, self.location, self.token)
+        return self._actor
+
+    def _ray_or_fail(self) -> Any:
+        ray = _ray()
+        if ray is None:
+            raise RemoteBufferError(f"buffer {self.location!r}: this process is no longer part "
+                                    f"of a Ray job (ray.shutdown?)")
+        return ray
+
+    def _gone(self, why: str) -> RemoteBufferError:
+        self._actor = None   # the next call starts (or finds) a proxy again
+        return RemoteBufferError(
+            f"buffer {self.location!r} (owner's node {self.state['node'][:12]}...): {why}")
+
+    def _result(self, ray: Any, ref: Any, timeout: Optional[float]) -> Any:
+        """ray.get(ref) within `timeout` seconds; the actor's own errors (bad input, a rate
+        limiter's TimeoutError) as they are, every other failure as RemoteBufferError."""
+        try:
+            return ray.get(ref, timeout=timeout)
+        except ray.exceptions.RayTaskError as error:
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, (ValueError, TypeError, TimeoutError, IndexError, KeyError)):
+                raise cause from None
+            raise self._gone(f"the proxy actor failed: {error}") from None
+        except ray.exceptions.GetTimeoutError:
+            raise self._gone(f"no answer within {timeout:g} s (the owner's node or its proxy "
+                             f"actor is unreachable)") from None
+        except ray.exceptions.RayError as error:
+            raise self._gone(f"the proxy actor is gone (the owner closed the buffer or died, "
+                             f"or its node is down): {type(error).__name__}: "
+                             f"{_gist(str(error))}") from None
+
+    def _call(self, method: str, *args: Any, waits: bool = False) -> Any:
+        """One call of the proxy. `waits`: the call may legitimately block (a rate limiter):
+        then it is given as long as it takes, checking every second that the actor answers."""
+        ray = self._ray_or_fail()
+        call_timeout = _settings["call_timeout"]
+        actor = self._connect()
+        ref = getattr(actor, method).remote(*args)
+        if not waits:
+            return self._result(ray, ref, call_timeout)
+        while True:
+            ready, _ = ray.wait([ref], timeout=PING_SECONDS)
+            if ready:
+                return self._result(ray, ref, call_timeout)
+            self._result(ray, actor.ping.remote(), call_timeout)
+
+    # -- validation (the local store's rules, before anything is queued) ---------------------
+
+    def check_priorities(self, priorities: Any, name: str = "priorities") -> None:
+        """ValueError naming `name` unless every priority (1-D float64) is finite, >= 0 and
+        weighs ``(p + eps) ** alpha`` small enough for the tree's total to stay finite."""
+        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+        if bad.size:
+            raise ValueError(f"{name} must be finite and >= 0; got {values[bad[0]]} at "
+                             f"position {bad[0]}")
+        with np.errstate(over="ignore"):
+            weights = np.power(values + self._eps, self._alpha)
+        heavy = np.flatnonzero(~(weights <= self._max_weight))
+        if heavy.size:
+            raise ValueError(f"{name}: {values[heavy[0]]} at position {heavy[0]} weighs "
+                             f"(p + eps) ** alpha = {weights[heavy[0]]}, more than "
+                             f"{self._max_weight} (the tree's total would overflow)")
+
+    def _stage(self, values: Sequence[Any], priorities: Any) -> Tuple[List[np.ndarray], int,
+                                                                    Optional[np.ndarray]]:
+        arrays, count = nstep.cast_steps(self._columns, dict(zip(
+            (c.name for c in self._columns), values)))
+        if priorities is not None:
+            if not self.prioritized:
+                raise TypeError("priorities are only for a PrioritizedReplayBuffer")
+            priorities = _rules.real_vector(priorities, count, "priorities")
+            self.check_priorities(priorities, "priorities")
+        return arrays, count, priorities
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("operation on a closed buffer")
+        failure = self._failure
+        if failure is not None:
+            self._failure = None
+            raise failure
+
+    # -- add and the queue --------------------------------------------------------------------
+
+    def add(self, values: Sequence[Any], priorities: Any = None,
+            timeout: Optional[float] = None) -> Optional[int]:
+        """Queue one transition or a batch (checked here, as add checks); with a rate limiter,
+        send it at once and wait for it. Returns None, or with a limiter the first slot."""
+        seconds = _rules.as_timeout(timeout)
+        if self._limited:
+            # Sent at once, and waited for WITHOUT the queue's lock: a sampler thread of this
+            # process may be what the limiter waits for.
+            self._check_open()
+            arrays, count, priorities = self._stage(values, priorities)
+            wait = None if seconds < 0 else seconds   # as_timeout: -1 for None
+            first, _ = self._call("add", arrays, priorities,
+                                  [(0, count, priorities is not None)], wait, waits=True)
+            return int(first)
+        with self._lock:
+            self._check_open()
+            arrays, count, priorities = self._stage(values, priorities)
+            self._enqueue(arrays, count, priorities)
+            if (self._queued >= _settings["flush_rows"]
+                    or self._queued * self._row_bytes >= _settings["flush_bytes"]):
+                self._flush_locked(None)
+            elif self._flusher is None:
+                self._flusher = threading.Thread(target=_flush_by_age, args=(weakref.ref(self),),
+                                                 name="cpprb_ray-flush", daemon=True)
+                self._flusher.start()
+            else:
+                self._wake.notify()
+        return None
+
+    def _enqueue(self, arrays: List[np.ndarray], count: int,
+                 priorities: Optional[np.ndarray]) -> None:
+        """Copy the rows into the queue (the caller may reuse its arrays at once)."""
+        need = self._queued + count
+        if self._queue is None or need > self._queue[0].shape[0]:
+            room = max(need, 2 * (0 if self._queue is None else self._queue[0].shape[0]),
+                       min(int(_settings["flush_rows"]), 4096))
+            grown = [np.empty((room,) + c.shape, dtype=c.dtype) for c in self._columns]
+            grown_priorities = np.full(room, np.nan)
+            if self._queue is not None and self._queue_priorities is not None:
+                for new, old in zip(grown, self._queue):
+                    new[:self._queued] = old[:self._queued]
+                grown_priorities[:self._queued] = self._queue_priorities[:self._queued]
+            self._queue, self._queue_priorities = grown, grown_priorities
+        assert self._queue_priorities is not None
+        for queue, array in zip(self._queue, arrays):
+            queue[self._queued:need] = array
+        self._queue_priorities[self._queued:need] = np.nan if priorities is None else priorities
+        if self._queued == 0:
+            self._oldest = time.monotonic()
+        self._queued = need
+
+    def _flush_locked(self, timeout: Optional[float]) -> int:
+        """Send the queue as ONE call (runs of rows with and without priorities, in order)."""
+        count = self._queued
+        if not count:
+            return 0
+        assert self._queue is not None and self._queue_priorities is not None
+        given = ~np.isnan(self._queue_priorities[:count])
+        # Runs of rows that came with / without priorities, as the adds gave them.
+        edges = np.flatnonzero(given[1:] != given[:-1]) + 1
+        starts = [0] + edges.tolist()
+        stops = edges.tolist() + [count]
+        runs = [(start, stop, bool(given[start])) for start, stop in zip(starts, stops)]
+        arrays = [queue[:count] for queue in self._queue]
+        priorities = self._queue_priorities[:count] if given.any() else None
+        # The queue is handed over (Ray serializes it before .remote returns); the next add
+        # starts a new one, and a failed flush drops these rows, as the docs say.
+        self._queue = None
+        self._queue_priorities = None
+        self._queued = 0
+        self._call("add", arrays, priorities, runs, timeout)
+        return count
+
+    def flush(self, timeout: Optional[float] = None) -> int:
+        """Send the queued rows now; returns how many."""
+        with self._lock:
+            self._check_open()
+            return self._flush_locked(None)
+
+    def _flush_if_old(self) -> bool:
+        """The background thread's step: send the queue once its oldest row is old enough.
+        False once the store is closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            if self._queued:
+                age = time.monotonic() - self._oldest
+                if age >= _settings["flush_seconds"]:
+                    try:
+                        self._flush_locked(None)
+                    except Exception as error:  # noqa: BLE001 - raised by the next call
+                        self._failure = error
+                else:
+                    self._wake.wait(_settings["flush_seconds"] - age)
+            else:
+                self._wake.wait(1.0)
+        return True
+
+    # -- the rest: one Ray call each, after sending the queue ----------------------------------
+
+    def _flushed_call(self, method: str, *args: Any, waits: bool = False) -> Any:
+        with self._lock:
+            self._check_open()
+            self._flush_locked(None)
+        return self._call(method, *args, waits=waits)
+
+    def sample(self, batch: int, beta: float, out: Optional[Dict[str, np.ndarray]] = None,
+               timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
+        seconds = _rules.as_timeout(timeout)
+        wait = None if seconds < 0 else seconds   # as_timeout: -1 for None
+        if out is not None:
+            _check_out(out, self._columns, batch)
+        result = self._flushed_call("sample", batch, beta, wait, waits=self._limited)
+        if out is None:
+            # Arrays from the object store are read-only views of it; a sample is the caller's.
+            return {key: np.array(value) for key, value in result.items()}
+        for key, value in result.items():
+            np.copyto(out[key], value)
+        return {key: out[key] for key in result}
+
+    def update(self, indexes: Any, priorities: Any, generations: Any = None) -> int:
+        return int(self._flushed_call("update", indexes, priorities, generations))
+
+    def counters(self) -> Dict[str, Any]:
+        return dict(self._flushed_call("counters"))
+
+    def limiter_record(self) -> Optional[Tuple[str, float, int, float, float]]:
+        record = self._flushed_call("limiter_record")
+        return None if record is None else tuple(record)
+
+    @property
+    def stored_size(self) -> int:
+        return int(self._flushed_call("position")[0])
+
+    @property
+    def next_index(self) -> int:
+        return int(self._flushed_call("position")[1])
+
+    @property
+    def max_priority(self) -> float:
+        return float(self._flushed_call("position")[2])
+
+    @property
+    def rows_added(self) -> int:
+        return int(self.counters()["inserts"])
+
+    def clear(self) -> None:
+        self._flushed_call("clear")
+
+    def snapshot(self, outputs: Sequence[np.ndarray], indexes: np.ndarray,
+                 leaves: np.ndarray) -> int:
+        copied, rows, row_indexes, row_leaves = self._flushed_call("snapshot", len(indexes))
+        for output, column in zip(outputs, rows):
+            output[:copied] = column[:copied]
+        indexes[:copied] = row_indexes[:copied]
+        leaves[:copied] = row_leaves[:copied]
+        return int(copied)
+
+    def dump(self) -> Any:
+        return self._flushed_call("dump")
+
+    def lock_owner(self) -> int:
+        return int(self.counters()["lock_holder"])
+
+    def release(self) -> None:
+        """Send what is queued and close (idempotent). A failure to send is a RuntimeWarning
+        (the rows are lost), never an exception: a close always closes (call ``flush()``
+        first to get the error)."""
+        if self._closed:   # also when an exit gave up on it (its lock may be held for ever)
+            return
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._flush_locked(None)
+            except Exception as error:  # noqa: BLE001
+                warnings.warn(f"cpprb_ray: a remote handle of {self.location!r} could not send "
+                              f"its queued rows ({error})", RuntimeWarning, stacklevel=2)
+            finally:
+                self._closed = True
+                self._wake.notify_all()
+                _live_stores.discard(self)
+
+
+def _flush_by_age(store_ref: weakref.ref[RemoteStore]) -> None:
+    """The flusher thread: holds its store only weakly between steps, so that a handle nobody
+    uses any more is collected (and its finalizer sends the queue)."""
+    while True:
+        store = store_ref()
+        if store is None or not store._flush_if_old():
+            return
+        del store
+
+
+def _gist(message: str) -> str:
+    """A Ray error's first line, and its last (a failed creation task's own error) if other."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+
+
+def _check_out(out: Any, columns: Sequence[Any], batch: int) -> None:
+    """ValueError unless `out` has every key of a sample, each of the right shape and dtype."""
+    if not isinstance(out, dict):
+        raise TypeError(f"out must be a dict of arrays (e.g. an earlier sample); got "
+                        f"{type(out).__name__}")
+    wanted = {c.name: ((batch,) + c.shape, c.dtype) for c in columns}
+    wanted.update({"indexes": ((batch,), np.dtype(np.int64)),
+                   "weights": ((batch,), np.dtype(np.float32)),
+                   "generations": ((batch,), np.dtype(np.uint64))})
+    for key, (shape, dtype) in wanted.items():
+        array = out.get(key)
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"out[{key!r}] must be a writable {dtype} array of shape {shape}; "
+                             f"got {type(array).__name__}")
+        if array.shape != shape or array.dtype != dtype or not array.flags.writeable:
+            raise ValueError(f"out[{key!r}] must be a writable {dtype} array of shape {shape}; "
+                             f"got a{'' if array.flags.writeable else ' read-only'} "
+                             f"{array.dtype} array of shape {array.shape}")

@@ -1,0 +1,535 @@
+"""The Ray driver of tests/test_remote.py, run as its own process against the two-node cluster.
+
+``python tests/_remote_driver.py ADDRESS RESULTS_JSON``: connects, runs every check below
+(one failing does not stop the others) and writes ``{check: "ok" or its traceback}``. Run
+apart from pytest so that the session's local Ray runtime (conftest's ray_session) and this
+cluster never meet in one process. This process is the owner of every buffer: it runs on the
+head node; the workers pinned to the second node (resource "remote") cannot see its /dev/shm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict
+
+import numpy as np
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(TESTS_DIR))
+sys.path.insert(0, TESTS_DIR)
+
+import _workers  # noqa: E402
+import ray  # noqa: E402
+from _workers import ENV, rows  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+
+import cpprb_ray  # noqa: E402
+from benchmarks._two_nodes import REMOTE_RESOURCE, wait_for_nodes  # noqa: E402
+from cpprb_ray import remote  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(_workers)
+TIMEOUT = 60.0
+# Ray 2.7.2 (CPython 3.7's) cannot make a call from an actor that exit_actor() is ending: its
+# .remote() hangs in atexit (cpprb_ray gives up after _client.EXIT_SECONDS). Later Rays can.
+SENDS_AT_EXIT = tuple(int(part) for part in ray.__version__.split(".")[:2]) > (2, 7)
+ON_REMOTE = {"num_cpus": 0, "resources": {REMOTE_RESOURCE: 0.01}, "max_restarts": 0}
+NSTEP = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
+NSTEP_ENV = {"obs": {}, "rew": {}, "next_obs": {}, "done": {}}
+
+
+def shm_path(rb: Any) -> str:
+    return os.path.join("/dev/shm", rb.name) if rb.backend == "shm" else rb.name
+
+
+@ray.remote(**ON_REMOTE)
+class RemoteUser:
+    """A Ray actor on the second node: receives buffers as arguments and uses them."""
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def configure(self, **settings: Any) -> Dict[str, Any]:
+        return remote.configure(**settings)
+
+    def decoy(self, backend: str, name: str) -> bool:
+        """Make a buffer of our own under `name` in this node's /dev/shm (another segment with
+        the owner's name, as another host could have)."""
+        where = {"path": name} if backend == "mmap" else {"name": name}
+        self.decoy_rb = cpprb_ray.PrioritizedReplayBuffer(8, ENV, backend=backend, **where)
+        self.decoy_rb.add(**rows(-5, 1))
+        return os.path.exists(shm_path(self.decoy_rb))
+
+    def drop_decoy(self) -> int:
+        stored = self.decoy_rb.get_stored_size()
+        self.decoy_rb.close()
+        return stored
+
+    def keep(self, rb: Any) -> Dict[str, Any]:
+        """Hold `rb` (unpickled here, in this process) and describe it."""
+        self.rb = rb
+        return {"remote": rb.is_remote, "owner": rb.is_owner, "visible": os.path.exists(
+            shm_path(rb)), "type": type(rb).__name__, "size": rb.get_buffer_size(),
+                "repr": repr(rb)}
+
+    def use(self, first: int) -> Dict[str, Any]:
+        """add (one row, batches, with priorities), sample, update, stats, get_all_transitions."""
+        rb = self.rb
+        rb.add(**rows(first, 1))
+        for start in range(first + 1, first + 301, 50):
+            rb.add(**rows(start, 50))
+        rb.add(priorities=np.full(20, 2.0), **rows(first + 301, 20))
+        batch = rb.sample(64)
+        problems = _workers.check_sample(rb, batch)
+        applied = rb.update_priorities(batch["indexes"], np.full(64, 3.0), batch["generations"])
+        out = rb.sample(64, out=batch)
+        stats = rb.stats()
+        every = rb.get_all_transitions()
+        return {"problems": problems, "applied": applied, "refilled": out["obs"] is batch["obs"],
+                "inserts": stats["inserts"], "updates": stats["updates"],
+                "torn": _workers.torn(every).tolist(),
+                "serials": sorted(_workers.serials_of(every).tolist()),
+                "max_priority": rb.get_max_priority()}
+
+    def bad_input(self) -> Dict[str, str]:
+        """Bad input is refused at the call, with the local messages."""
+        found = {}
+        for label, call in (
+                ("column", lambda: self.rb.add(obs=np.zeros(4))),
+                ("priority", lambda: self.rb.add(priorities=[np.nan], **rows(0, 1))),
+                ("index", lambda: self.rb.update_priorities([10**9], [1.0]))):
+            try:
+                call()
+            except (ValueError, TypeError, IndexError) as error:
+                found[label] = f"{type(error).__name__}: {error}"
+            else:
+                found[label] = "no error"
+        return found
+
+    def call_after_proxy_killed(self, first: int) -> Dict[str, Any]:
+        started = time.monotonic()
+        try:
+            self.rb.add(**rows(first, 5))
+            self.rb.flush()
+        except remote.RemoteBufferError as error:
+            failed = f"{type(error).__name__}: {error}"
+        else:
+            failed = ""
+        seconds = time.monotonic() - started
+        self.rb.add(**rows(first + 10, 5))   # a new proxy serves the next call
+        return {"error": failed, "seconds": seconds, "stored": self.rb.get_stored_size()}
+
+    def call_after_close(self) -> Dict[str, Any]:
+        """Two calls after the buffer's end: the first meets the dead proxy, the second a new
+        one that refuses the buffer. Both must fail, clearly and soon."""
+        found: Dict[str, Any] = {}
+        for attempt in ("error", "again"):
+            started = time.monotonic()
+            try:
+                self.rb.add(**rows(0, 1))
+                self.rb.flush()
+                found[attempt] = ""
+            except remote.RemoteBufferError as error:
+                found[attempt] = f"{type(error).__name__}: {error}"
+            found["seconds"] = max(found.get("seconds", 0.0), time.monotonic() - started)
+        return found
+
+    def episodes(self) -> Any:
+        """N-step: a terminated episode of 5 steps, then a truncated one of 2 (one row a call,
+        and a batch)."""
+        rb = self.rb
+        for t in range(5):
+            rb.add(obs=t, rew=1.0 + t, next_obs=t + 1, done=float(t == 4))
+        rb.add(obs=[10, 11], rew=[1.0, 2.0], next_obs=[11, 12], done=[0.0, 0.0])
+        rb.on_episode_end()
+        rb.close()
+        return True
+
+    def limited(self) -> Dict[str, Any]:
+        """A SampleToInsertRatio buffer: an add past max_diff waits and times out, nothing added;
+        one with timeout=None waits until the owner samples; a sample the limiter holds back
+        times out."""
+        rb = self.rb
+        found: Dict[str, Any] = {}
+        rb.add(**rows(0, 4))                      # diff 4 = max_diff
+        started = time.monotonic()
+        try:
+            rb.add(timeout=0.5, **rows(4, 1))
+        except TimeoutError:
+            found["add_timed_out_after"] = time.monotonic() - started
+        found["stored_after_timeout"] = rb.get_stored_size()
+        try:
+            rb.sample(4, timeout=0.3)               # diff 4 - 4 = 0 >= min_diff: goes
+            rb.sample(4, timeout=0.3)               # diff -4 < min_diff (-2): held back
+        except TimeoutError:
+            found["sample_timed_out"] = True
+        return found
+
+    def limited_wait(self) -> int:
+        """Waits (timeout=None) until the owner samples room for it."""
+        self.rb.add(**rows(100, 4))
+        return self.rb.get_stored_size()
+
+    def save_and_clear(self, path: str) -> int:
+        """save() from here (the file is written by this process), then clear()."""
+        self.rb.save(path)
+        self.rb.clear()
+        return self.rb.get_stored_size()
+
+    def add_and_return(self, first: int, count: int) -> None:
+        """Add rows and return: they stay queued until the age flush sends them."""
+        self.rb.add(**rows(first, count))
+
+    def add_and_exit(self, first: int, count: int) -> None:
+        """Add rows (no age flush for 30 s), then end this actor's process: the exit sends them."""
+        remote.configure(flush_seconds=30.0)
+        self.rb.add(**rows(first, count))
+        ray.actor.exit_actor()
+
+    def released_by_own_sampler(self) -> float:
+        """An add held back by the limiter (timeout None) while a thread of this process
+        samples through the same handle: the sample must not wait for the add."""
+        def sample_later() -> None:
+            time.sleep(0.5)
+            self.rb.sample(4, timeout=10.0)
+        sampler = threading.Thread(target=sample_later)
+        sampler.start()
+        started = time.monotonic()
+        self.rb.add(**rows(200, 1))
+        waited = time.monotonic() - started
+        sampler.join()
+        return waited
+
+    def add_forever(self, first: int, batch: int) -> None:
+        """Single rows with serials first, first + 1, ..., sent every `batch` rows, until
+        killed."""
+        remote.configure(flush_rows=batch, flush_seconds=30.0)
+        serial = first
+        while True:
+            self.rb.add(**rows(serial, 1))
+            serial += 1
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Owner:
+    """A buffer's owner that is not the driver (on the head), to be killed."""
+
+    def make(self) -> Any:
+        self.rb = cpprb_ray.PrioritizedReplayBuffer(1000, ENV)
+        self.rb.add(**rows(0, 10))
+        return self.rb
+
+
+@ray.remote(num_cpus=0, resources={REMOTE_RESOURCE: 0.01}, max_retries=0)
+def remote_task(rb: Any, first: int) -> Dict[str, Any]:
+    """A task on the second node: adds (sent when the task's handle is collected), samples."""
+    info = {"remote": rb.is_remote, "visible": os.path.exists(shm_path(rb))}
+    for start in range(first, first + 200, 40):
+        rb.add(**rows(start, 40))
+    batch = rb.sample(32)
+    info["problems"] = _workers.check_sample(rb, batch)
+    rb.add(**rows(first + 200, 10))   # left queued: sent by age or when `rb` is collected
+    return info
+
+
+@ray.remote(num_cpus=0, resources={REMOTE_RESOURCE: 0.01}, max_retries=0)
+def add_forever_task(rb: Any, first: int, batch: int) -> None:
+    """A task on the second node adding single rows (serials first, first + 1, ...), sent
+    every `batch` rows, until it is cancelled (its worker killed)."""
+    remote.configure(flush_rows=batch, flush_seconds=30.0)
+    serial = first
+    while True:
+        rb.add(**rows(serial, 1))
+        serial += 1
+
+
+def check_whole_batches(rb: Any, before: int, first: int, last: int, batch: int) -> int:
+    """What a killed writer sent (serials first..last-1): whole batches, in order, untorn;
+    returns how many rows."""
+    serials = _workers.serials_of(rb.get_all_transitions())
+    written = np.sort(serials[(serials >= first) & (serials < last)])
+    arrived = rb.stats()["inserts"] - before
+    assert arrived % batch == 0 and arrived >= 20 * batch, arrived
+    assert np.array_equal(written, np.arange(first, first + arrived)), written[-5:]
+    assert rb.get_stored_size() < rb.get_buffer_size()
+    assert_intact(rb)
+    return arrived
+
+
+@ray.remote(num_cpus=0)
+def local_task(rb: Any) -> Dict[str, Any]:
+    """A task on the owner's node: attaches in place."""
+    return {"remote": rb.is_remote, "node": ray.get_runtime_context().get_node_id()}
+
+
+def proxies_of(rb: Any) -> list:
+    name = remote.proxy_name(rb.backend, rb.name, rb._layout.token)
+    return [a for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"] == name and a["namespace"] == remote.NAMESPACE]
+
+
+def wait_for(predicate: Callable[[], bool], seconds: float, what: str) -> float:
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > seconds:
+            raise AssertionError(f"{what}: not within {seconds} s")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def assert_intact(rb: Any) -> None:
+    everything = rb.get_all_transitions()
+    assert _workers.torn(everything).size == 0, _workers.torn(everything)[:8]
+    assert _workers.tree_problems(rb._store.check_tree()) == []
+    assert _workers.check_sample(rb, rb.sample(64)) == []
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def check_tasks_and_actors(user: Any, here: str) -> None:
+    rb = cpprb_ray.PrioritizedReplayBuffer(10_000, ENV)
+    try:
+        rb.add(**rows(0, 100))
+        # A task on the owner's node attaches in place, never through the actor.
+        on_owner_node = NodeAffinitySchedulingStrategy(here, soft=False)
+        local = ray.get(local_task.options(scheduling_strategy=on_owner_node).remote(rb),
+                        timeout=TIMEOUT)
+        assert local == {"remote": False, "node": here}, local
+        # The actor holds a decoy: another buffer under the owner's name in its node's
+        # /dev/shm. Unpickling there must not take it for ours (the token decides).
+        assert ray.get(user.decoy.remote(rb.backend, rb.name), timeout=TIMEOUT) is True
+        kept = ray.get(user.keep.remote(rb), timeout=TIMEOUT)
+        assert kept["remote"] is True and kept["owner"] is False and kept["visible"] is True, kept
+        assert kept["type"] == "PrioritizedReplayBuffer" and kept["size"] == 10_000, kept
+        used = ray.get(user.use.remote(1000), timeout=TIMEOUT)
+        assert used["problems"] == [] and used["torn"] == [], used
+        assert used["applied"] == 64 and used["refilled"] is True, used
+        assert used["max_priority"] == 3.0, used
+        expected = set(range(100)) | set(range(1000, 1321))
+        assert set(used["serials"]) == expected and used["inserts"] == len(expected), used
+        assert ray.get(user.drop_decoy.remote(), timeout=TIMEOUT) == 1   # the decoy untouched
+        errors = ray.get(user.bad_input.remote(), timeout=TIMEOUT)
+        assert errors["column"].startswith("ValueError: add needs exactly the columns"), errors
+        assert errors["priority"].startswith("ValueError: priorities must be finite"), errors
+        assert errors["index"].startswith(("ValueError", "IndexError")), errors
+        # A task there, the buffer as an argument (and once through the object store).
+        infos = ray.get([remote_task.remote(rb, 2000), remote_task.remote(ray.put(rb), 3000)],
+                        timeout=TIMEOUT)
+        for info in infos:
+            assert info == {"remote": True, "visible": False, "problems": []}, info
+        expected |= set(range(2000, 2210)) | set(range(3000, 3210))
+        # Rows the tasks left queued arrive by age (or when their handles are collected).
+        wait_for(lambda: rb.stats()["inserts"] == len(expected), 10.0, "the tasks' rows")
+        everything = rb.get_all_transitions()
+        assert set(_workers.serials_of(everything).tolist()) == expected
+        assert rb.get_max_priority() == 3.0
+        assert_intact(rb)
+        # One proxy for the buffer, named after it, on the owner's node.
+        found = proxies_of(rb)
+        assert len(found) == 1, found
+        proxy = ray.get_actor(found[0]["name"], namespace=remote.NAMESPACE)
+        assert ray.get(proxy.ping.remote(), timeout=TIMEOUT)["node"] == here
+    finally:
+        rb.close()
+    # The owner's close ends it.
+    wait_for(lambda: not proxies_of(rb), 10.0, "the proxy's end after the owner's close")
+    result = ray.get(user.call_after_close.remote(), timeout=TIMEOUT)
+    assert result["error"].startswith("RemoteBufferError"), result
+    assert result["again"].startswith("RemoteBufferError"), result
+    assert result["seconds"] < 30.0, result
+
+
+def check_nstep(user: Any, here: str) -> None:
+    rb = cpprb_ray.ReplayBuffer(64, NSTEP_ENV, Nstep=NSTEP)
+    reference = cpprb_ray.ReplayBuffer(64, NSTEP_ENV, Nstep=NSTEP)
+    try:
+        kept = ray.get(user.keep.remote(rb), timeout=TIMEOUT)
+        assert kept["remote"] is True, kept
+        ray.get(user.episodes.remote(), timeout=TIMEOUT)
+        # The same steps through a local handle: the rows must be the same.
+        for t in range(5):
+            reference.add(obs=t, rew=1.0 + t, next_obs=t + 1, done=float(t == 4))
+        reference.add(obs=[10, 11], rew=[1.0, 2.0], next_obs=[11, 12], done=[0.0, 0.0])
+        reference.on_episode_end()
+        got, want = rb.get_all_transitions(), reference.get_all_transitions()
+        assert len(want["obs"]) == 7
+        for key in want:
+            assert np.array_equal(got[key], want[key]), (key, got[key], want[key])
+    finally:
+        rb.close()
+        reference.close()
+
+
+def check_rate_limiter(user: Any, here: str) -> None:
+    limiter = cpprb_ray.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=1,
+                                            error_buffer=(-2.0, 4.0))
+    rb = cpprb_ray.PrioritizedReplayBuffer(64, ENV, rate_limiter=limiter)
+    try:
+        assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
+        found = ray.get(user.limited.remote(), timeout=TIMEOUT)
+        assert 0.4 <= found.get("add_timed_out_after", -1) < 5.0, found
+        assert found["stored_after_timeout"] == 4, found
+        assert found.get("sample_timed_out") is True, found
+        # diff is now 4 - 4 = 0: room for 4 inserts. Take it, then a waiting add (timeout
+        # None) goes through once the owner samples.
+        rb.add(**rows(50, 4))
+        waiting = user.limited_wait.remote()
+        ready, _ = ray.wait([waiting], timeout=1.0)
+        assert not ready, "a remote add past the limiter did not wait"
+        rb.sample(4)
+        assert ray.get(waiting, timeout=TIMEOUT) == 12
+        waited = ray.get(user.released_by_own_sampler.remote(), timeout=TIMEOUT)
+        assert 0.4 <= waited < 10.0, waited
+        assert rb.get_stored_size() == 13
+        stats = rb.stats()["rate_limiter"]
+        assert stats["insert_timeouts"] == 1 and stats["sample_timeouts"] == 1, stats
+    finally:
+        rb.close()
+
+
+def check_flushes(user: Any, here: str) -> None:
+    """Rows left queued arrive by age (no other call); an actor's exit sends what it queued."""
+    rb = cpprb_ray.ReplayBuffer(1000, ENV)
+    try:
+        assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
+        ray.get(user.add_and_return.remote(0, 7), timeout=TIMEOUT)
+        wait_for(lambda: rb.get_stored_size() == 7, 5.0, "the rows queued, by age")
+        expected = set(range(7))
+        if SENDS_AT_EXIT:
+            leaving = RemoteUser.remote()
+            ray.get(leaving.keep.remote(rb), timeout=TIMEOUT)
+            try:
+                ray.get(leaving.add_and_exit.remote(100, 5), timeout=TIMEOUT)
+            except ray.exceptions.RayActorError:
+                pass   # the actor ended itself
+            wait_for(lambda: rb.get_stored_size() == 12, 10.0, "the rows queued at the exit")
+            expected |= set(range(100, 105))
+        before = rb.get_all_transitions()
+        assert set(_workers.serials_of(before).tolist()) == expected
+        # save() and clear() through the proxy (the second node shares this /tmp, not /dev/shm).
+        path = os.path.join(os.path.dirname(os.path.abspath(sys.argv[2])), "remote.ckpt")
+        assert ray.get(user.save_and_clear.remote(path), timeout=TIMEOUT) == 0
+        assert rb.get_stored_size() == 0
+        with cpprb_ray.ReplayBuffer.load(path) as copy:
+            after = copy.get_all_transitions()
+            for key in before:
+                assert np.array_equal(before[key], after[key]), key
+    finally:
+        rb.close()
+
+
+def check_owner_died(user: Any, here: str) -> None:
+    """The owner killed: its proxy ends, a client's next call fails clearly and soon."""
+    # On the head, beside this driver (num_cpus=0 would fit it on either node).
+    owner = Owner.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)
+                          ).remote()
+    rb = ray.get(owner.make.remote(), timeout=TIMEOUT)   # a view here, on the owner's node
+    name = rb.name
+    try:
+        assert not rb.is_owner and not rb.is_remote
+        assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
+        ray.get(user.add_and_return.remote(10, 5), timeout=TIMEOUT)
+        wait_for(lambda: rb.get_stored_size() == 15, 5.0, "the rows, through the proxy")
+        assert len(proxies_of(rb)) == 1
+        ray.kill(owner, no_restart=True)
+        wait_for(lambda: not proxies_of(rb), 10.0, "the proxy's end after the owner's death")
+        result = ray.get(user.call_after_close.remote(), timeout=TIMEOUT)
+        assert result["error"].startswith("RemoteBufferError"), result
+        assert result["again"].startswith("RemoteBufferError"), result
+        assert "is dead" in result["again"], result
+        assert result["seconds"] < 30.0, result
+    finally:
+        rb.close()
+        cpprb_ray.remove_buffer(name)   # the dead owner's orphan
+
+
+def check_failures(user: Any, here: str) -> None:
+    rb = cpprb_ray.PrioritizedReplayBuffer(100_000, ENV)
+    try:
+        assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
+        ray.get(user.use.remote(0), timeout=TIMEOUT)
+        # The proxy killed: the next call fails clearly and soon; the one after works again.
+        (proxy_entry,) = proxies_of(rb)
+        ray.kill(ray.get_actor(proxy_entry["name"], namespace=remote.NAMESPACE),
+                 no_restart=True)
+        wait_for(lambda: not proxies_of(rb), 10.0, "the killed proxy's end")
+        result = ray.get(user.call_after_proxy_killed.remote(10_000), timeout=TIMEOUT)
+        assert result["error"].startswith("RemoteBufferError"), result
+        assert "gone" in result["error"], result
+        assert result["seconds"] < 10.0, result
+        assert len(proxies_of(rb)) == 1
+        serials = set(_workers.serials_of(rb.get_all_transitions()).tolist())
+        assert set(range(10_010, 10_015)) <= serials
+        assert not serials & set(range(10_000, 10_005))   # the failed flush's rows: lost
+        # A writer killed while it adds: what arrived is whole batches, in order, untorn.
+        batch = 97
+        writer = RemoteUser.remote()
+        ray.get(writer.keep.remote(rb), timeout=TIMEOUT)
+        before = rb.stats()["inserts"]   # nothing else adds from here on
+        looping = writer.add_forever.remote(50_000, batch)
+        wait_for(lambda: rb.stats()["inserts"] >= before + 20 * batch, 30.0, "the writer's rows")
+        ray.kill(writer, no_restart=True)
+        try:
+            ray.get(looping, timeout=TIMEOUT)
+            raise AssertionError("the killed writer's call returned")
+        except ray.exceptions.RayActorError:
+            pass
+        time.sleep(0.5)
+        check_whole_batches(rb, before, 50_000, 1_000_000, batch)
+        # The same with a task, its worker killed (ray.cancel(force=True)).
+        batch = 89
+        before = rb.stats()["inserts"]
+        looping = add_forever_task.remote(rb, 1_000_000, batch)
+        wait_for(lambda: rb.stats()["inserts"] >= before + 20 * batch, 30.0, "the task's rows")
+        ray.cancel(looping, force=True)
+        try:
+            ray.get(looping, timeout=TIMEOUT)
+            raise AssertionError("the cancelled task returned")
+        except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError):
+            pass
+        time.sleep(0.5)
+        check_whole_batches(rb, before, 1_000_000, 2_000_000, batch)
+    finally:
+        rb.close()
+
+
+CHECKS = {"tasks_and_actors": check_tasks_and_actors, "nstep": check_nstep,
+          "rate_limiter": check_rate_limiter, "flushes": check_flushes,
+          "owner_died": check_owner_died, "failures": check_failures}
+
+
+def main() -> int:
+    address, results_path = sys.argv[1], sys.argv[2]
+    started = time.monotonic()
+    ray.init(address=address, log_to_driver=False)
+    results: Dict[str, Any] = {}
+    try:
+        wait_for_nodes(ray, 2)
+        here = ray.get_runtime_context().get_node_id()
+        user = RemoteUser.remote()
+        node = ray.get(user.node.remote(), timeout=TIMEOUT)
+        assert node != here, "the driver and the 'remote' actor are on one node"
+        ray.get(user.configure.remote(call_timeout=20.0), timeout=TIMEOUT)
+        for name, check in CHECKS.items():
+            began = time.monotonic()
+            try:
+                check(user, here)
+                results[name] = "ok"
+            except BaseException:  # noqa: BLE001 - reported, the next check runs
+                results[name] = traceback.format_exc()
+            results[name + "_seconds"] = round(time.monotonic() - began, 2)
+    finally:
+        results["driver_seconds"] = round(time.monotonic() - started, 2)
+        with open(results_path, "w") as handle:
+            json.dump(results, handle)
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
