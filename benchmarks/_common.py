@@ -141,6 +141,9 @@ def fill(buffer: Any, capacity: int, rng: np.random.Generator, chunk: int = 1 <<
         batch = rows if count == chunk else {k: v[:count] for k, v in rows.items()}
         buffer.add(priorities=random_priorities(rng, count), **batch)
         added += count
+    if getattr(buffer, "nstep", None):
+        # N-step staging holds the last steps back until their episode ends: end it.
+        buffer.on_episode_end()
     assert buffer.get_stored_size() == capacity, "the buffer did not fill"
 
 

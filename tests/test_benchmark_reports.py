@@ -201,3 +201,17 @@ def test_apex_nstep_staging_for_cpprb_sends_completed_transitions():
     # fifth batch ends the episode: on_episode_end() flushes all 50.
     assert counts == [48, 48, 48, 48, 50] and sent == counts
     assert batches[4]["done"][-1] == 1 and not batches[3]["done"].any()
+
+
+def test_fill_commits_the_steps_n_step_staging_holds_back():
+    """bench_apex --nstep fills its buffer with _common.fill: the last n-1 steps are staged
+    until their episode ends, and fill must end it, else the buffer is short of full."""
+    import numpy as np
+
+    import cpprb_ray
+    from benchmarks import _common
+
+    spec = {"size": 3, "gamma": 0.99, "rew": "rew", "next": "next_obs"}
+    with cpprb_ray.PrioritizedReplayBuffer(3000, _common.env_dict(), Nstep=spec) as rb:
+        _common.fill(rb, 3000, np.random.default_rng(0), chunk=1024)
+        assert rb.get_stored_size() == 3000 and rb._nstep.staged == 0
