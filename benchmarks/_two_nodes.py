@@ -170,6 +170,38 @@ class TwoNodes:
         self.stop()
 
 
+def kill_mount_namespace_of(pid: int) -> int:
+    """SIGKILL every process in the mount namespace of `pid` (the second node's, as a host that
+    dies: its raylet, object store and workers, whatever process group they are in); returns
+    how many. Refuses this process's own namespace.
+
+    Examples
+    --------
+    >>> import os
+    >>> kill_mount_namespace_of(os.getpid())
+    Traceback (most recent call last):
+    ...
+    ValueError: pid ... shares this process's mount namespace; not killing a host's worth of it
+    """
+    namespace = os.readlink(f"/proc/{pid}/ns/mnt")
+    if namespace == os.readlink("/proc/self/ns/mnt"):
+        raise ValueError(f"pid {pid} shares this process's mount namespace; not killing a "
+                         f"host's worth of it")
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/mnt") == namespace:
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+        except (FileNotFoundError, ProcessLookupError):
+            continue   # ended meanwhile
+        except PermissionError:
+            continue   # not ours to look at (pid 1 of a sandbox): not the node's either
+    return killed
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

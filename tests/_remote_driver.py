@@ -29,11 +29,12 @@ from _workers import ENV, rows  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 import cpprb_ray  # noqa: E402
-from benchmarks._two_nodes import REMOTE_RESOURCE, wait_for_nodes  # noqa: E402
+from benchmarks._two_nodes import REMOTE_RESOURCE, kill_mount_namespace_of, wait_for_nodes  # noqa: E402
 from cpprb_ray import remote  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(_workers)
 TIMEOUT = 60.0
+CALL_TIMEOUT = 20.0   # the remote handles' bound on an unanswered call
 # Ray 2.7.2 (CPython 3.7's) cannot make a call from an actor that exit_actor() is ending: its
 # .remote() hangs in atexit (cpprb_ray gives up after _client.EXIT_SECONDS). Later Rays can.
 SENDS_AT_EXIT = tuple(int(part) for part in ray.__version__.split(".")[:2]) > (2, 7)
@@ -498,9 +499,37 @@ def check_failures(user: Any, here: str) -> None:
         rb.close()
 
 
+def check_owner_node_died(user: Any, here: str) -> None:
+    """The owner's whole node gone (every process in its mount namespace SIGKILLed, as a host
+    that dies): a client's calls fail clearly within its call timeout, never hang. Run last: the
+    cluster keeps only the head."""
+    node2 = int(os.environ["CPPRB_RAY_NODE2_PID"])
+    owner = Owner.options(resources={REMOTE_RESOURCE: 0.01}).remote()
+    rb = ray.get(owner.make.remote(), timeout=TIMEOUT)   # the owner's node is node 2
+    # This driver cannot see node 2's /dev/shm: a client of a proxy over there.
+    assert rb.is_remote and not os.path.exists(shm_path(rb))
+    rb.add(**rows(10, 5))
+    assert rb.sample(8)["obs"].shape[0] == 8 and rb.get_stored_size() == 15
+    assert kill_mount_namespace_of(node2) >= 3   # ray start, the raylet, workers, ...
+    outcomes = []
+    for _ in range(2):   # the call that meets the death, and one after it
+        started = time.monotonic()
+        try:
+            rb.sample(8)
+            outcomes.append(("returned", time.monotonic() - started))
+        except remote.RemoteBufferError as error:
+            outcomes.append((str(error), time.monotonic() - started))
+    print(f"owner's node killed: {outcomes}", flush=True)
+    for message, seconds in outcomes:
+        assert message != "returned", outcomes
+        assert seconds < CALL_TIMEOUT + 10.0, outcomes
+    rb.close()
+
+
 CHECKS = {"tasks_and_actors": check_tasks_and_actors, "nstep": check_nstep,
           "rate_limiter": check_rate_limiter, "flushes": check_flushes,
-          "owner_died": check_owner_died, "failures": check_failures}
+          "owner_died": check_owner_died, "failures": check_failures,
+          "owner_node_died": check_owner_node_died}
 
 
 def main() -> int:
@@ -514,7 +543,8 @@ def main() -> int:
         user = RemoteUser.remote()
         node = ray.get(user.node.remote(), timeout=TIMEOUT)
         assert node != here, "the driver and the 'remote' actor are on one node"
-        ray.get(user.configure.remote(call_timeout=20.0), timeout=TIMEOUT)
+        ray.get(user.configure.remote(call_timeout=CALL_TIMEOUT), timeout=TIMEOUT)
+        remote.configure(call_timeout=CALL_TIMEOUT)
         for name, check in CHECKS.items():
             began = time.monotonic()
             try:

@@ -40,6 +40,7 @@ def remote_results(tmp_path_factory):
     try:
         address = cluster.start()
         env = dict(cluster.env())
+        env["CPPRB_RAY_NODE2_PID"] = str(cluster.processes[1].pid)   # in node 2's namespace
         driver = subprocess.run(
             [sys.executable, os.path.join(TESTS_DIR, "_remote_driver.py"), address,
              results_path], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
@@ -90,6 +91,12 @@ def test_flushes_and_the_owners_death(remote_results):
     a client's calls fail clearly (a new proxy refuses a dead owner's segment)."""
     _check(remote_results, "flushes")
     _check(remote_results, "owner_died")
+
+
+def test_the_owners_node_dies(remote_results):
+    """The owner on the second node, a client on the head; the second node SIGKILLed whole,
+    as a host that dies: the client's calls raise RemoteBufferError within its call timeout."""
+    _check(remote_results, "owner_node_died")
 
 
 def test_core_without_ray():
