@@ -109,7 +109,6 @@ class RemoteStore:
         self._columns = [c for c in columns]
         self._limited = bool(state["limited"])
         self._alpha, self._eps = float(state["alpha"]), float(state["eps"])
-        self._max_weight = _rules.max_leaf_weight(self.capacity)
         self._row_bytes = sum(c.row_bytes for c in columns)
         self._lock = threading.RLock()           # the queue
         self._connect_lock = threading.Lock()    # the actor handle
@@ -196,20 +195,10 @@ class RemoteStore:
     # -- validation (the local store's rules, before anything is queued) ---------------------
 
     def check_priorities(self, priorities: Any, name: str = "priorities") -> None:
-        """ValueError naming `name` unless every priority (1-D float64) is finite, >= 0 and
-        weighs ``(p + eps) ** alpha`` small enough for the tree's total to stay finite."""
-        values = np.asarray(priorities, dtype=np.float64).reshape(-1)
-        bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
-        if bad.size:
-            raise ValueError(f"{name} must be finite and >= 0; got {values[bad[0]]} at "
-                             f"position {bad[0]}")
-        with np.errstate(over="ignore"):
-            weights = np.power(values + self._eps, self._alpha)
-        heavy = np.flatnonzero(~(weights <= self._max_weight))
-        if heavy.size:
-            raise ValueError(f"{name}: {values[heavy[0]]} at position {heavy[0]} weighs "
-                             f"(p + eps) ** alpha = {weights[heavy[0]]}, more than "
-                             f"{self._max_weight} (the tree's total would overflow)")
+        """The local store's priority rule (ValueError naming `name`), before anything is
+        queued: finite, >= 0, and a weight that keeps the tree's total finite."""
+        values = np.ascontiguousarray(priorities, dtype=np.float64).reshape(-1)
+        _rules.check_priorities(values, self._alpha, self._eps, self.capacity, name)
 
     def _stage(self, values: Sequence[Any], priorities: Any) -> Tuple[List[np.ndarray], int,
                                                                     Optional[np.ndarray]]:

@@ -167,6 +167,34 @@ cdef int raise_bad_priority(const PriorityRule* rule, double value, int64_t posi
     raise ValueError(f"{name} must be finite and >= 0; got {value} at position {position}")
 
 
+def check_priorities(const double[::1] priorities, double alpha, double eps, int64_t capacity,
+                     str name="priorities"):
+    """ValueError naming `name` unless every priority (a 1-D float64 array) is finite, >= 0 and
+    weighs (p + eps) ** alpha little enough that the total of `capacity` rows stays finite: the
+    store's rule, for a caller that holds no store (a remote handle checks before it queues).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from cpprb_ray._rules import check_priorities
+    >>> check_priorities(np.array([0.0, 2.5]), 0.6, 1e-4, 1024)
+    >>> check_priorities(np.array([1.0, -1.0]), 0.6, 1e-4, 1024)
+    Traceback (most recent call last):
+    ...
+    ValueError: priorities must be finite and >= 0; got -1.0 at position 1
+    """
+    cdef PriorityRule rule
+    cdef bint overflow = False
+    cdef int64_t bad = -1
+    priority_rule(&rule, alpha, eps, capacity)
+    if priorities.shape[0]:
+        with nogil:
+            bad = first_bad_priority(&rule, &priorities[0], NULL, priorities.shape[0],
+                                     &overflow)
+    if bad >= 0:
+        raise_bad_priority(&rule, priorities[bad], bad, overflow, name)
+
+
 def real_vector(values, Py_ssize_t count, str name, str per="row"):
     """`values` (a scalar or 1-D, of integers or reals) as a C-contiguous float64 array of
     `count` entries (one per `per`), or TypeError/ValueError naming `name`.
