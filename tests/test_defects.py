@@ -265,17 +265,23 @@ def test_a_stopped_holder_gives_timeout_and_ctrl_c_interrupts_the_wait():
         assert 0.4 < time.monotonic() - start < 5
         view.close()
         waiter = run_child(f"""
-            import os, signal, threading, time
+            import faulthandler, os, signal, sys, threading, time
+            # Should it ever hang, its stack goes to stderr before the parent's timeout.
+            faulthandler.dump_traceback_later(25, exit=True)
+            # Python leaves SIGINT ignored when it starts with it ignored (a job started in the
+            # background by a shell without job control, as a CI runner may be): ask for it.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             import cpprb_ray
             view = cpprb_ray.attach({rb.name!r})          # lock_timeout 60 s
+            print("attached", flush=True, file=sys.stderr)
             threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
             start = time.monotonic()
             try:
                 view.sample(4)
             except KeyboardInterrupt:
-                print("interrupted after", round(time.monotonic() - start, 1))
+                print("interrupted after", round(time.monotonic() - start, 1), flush=True)
             view.close()
-        """, timeout=30)
+        """, timeout=40)
         assert_clean_exit(waiter)
         assert waiter.stdout.startswith("interrupted after"), waiter.stdout
     finally:
