@@ -125,13 +125,19 @@ endef
 DEBUG_TESTS := tests/test_segtree.py tests/test_sync.py tests/test_doctests.py tests/test_buffer.py \
     tests/test_bad_input.py tests/test_defects.py
 
-.venv-debug/.deps: pyproject.toml setup.py
+# $(call checking_venv,DIR): a fresh venv in DIR with what a checking build (debug, sanitizer)
+# needs to build and run the extension tests; nothing else.
+define checking_venv
 	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
-	rm -rf .venv-debug
-	$(PYTHON) -m venv .venv-debug
-	.venv-debug/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel "Cython>=3.1"
-	.venv-debug/bin/python -m pip install $(PIP_FLAGS) numpy pytest hypothesis cloudpickle
-	touch $@
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel "Cython>=3.1"
+	$(1)/bin/python -m pip install $(PIP_FLAGS) numpy pytest hypothesis cloudpickle
+	touch $(1)/.deps
+endef
+
+.venv-debug/.deps: pyproject.toml setup.py
+	$(call checking_venv,.venv-debug)
 
 test-debug: .venv-debug/.deps
 	$(call copy_worktree,$(DEBUG_SRC))
@@ -166,12 +172,7 @@ ASAN_CFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno
 ASAN_FUZZ_SECONDS ?= 20
 
 .venv-asan/.deps: pyproject.toml setup.py
-	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
-	rm -rf .venv-asan
-	$(PYTHON) -m venv .venv-asan
-	.venv-asan/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel "Cython>=3.1"
-	.venv-asan/bin/python -m pip install $(PIP_FLAGS) numpy pytest hypothesis cloudpickle
-	touch $@
+	$(call checking_venv,.venv-asan)
 
 test-asan: .venv-asan/.deps
 	$(call copy_worktree,$(ASAN_SRC))
