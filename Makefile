@@ -39,8 +39,8 @@ PYTHON37 ?= $(call find_python,python3.7 $(shell ls -d $(PYENV_ROOT)/versions/3.
 PIP_FLAGS ?= -q
 PYTEST_ARGS ?=
 EXT_SOURCES := $(wildcard cpprb_ray/*.pyx cpprb_ray/*.pxd)
-EXTENSIONS := _segtree _sync _rules _core _columns _store
-IMPORT_EXTENSIONS := import cpprb_ray._segtree, cpprb_ray._sync, cpprb_ray._rules, cpprb_ray._core, cpprb_ray._columns, cpprb_ray._store
+EXTENSIONS := _segtree _sync _rules _core _columns _lanes _store
+IMPORT_EXTENSIONS := import cpprb_ray._segtree, cpprb_ray._sync, cpprb_ray._rules, cpprb_ray._core, cpprb_ray._columns, cpprb_ray._lanes, cpprb_ray._store
 
 # Everything (but Python itself) that CI needs, pinned for CPython 3.7.
 PY37_DEPS := "cython>=3.0,<3.1" "numpy>=1.21,<1.22" "ray==2.7.2" pytest hypothesis cloudpickle \

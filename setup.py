@@ -57,7 +57,7 @@ extensions = [
         libraries=libraries,
         define_macros=macros,
     )
-    for name in ("_segtree", "_sync", "_rules", "_core", "_columns", "_store")
+    for name in ("_segtree", "_sync", "_rules", "_core", "_columns", "_lanes", "_store")
 ]
 
 setup(

@@ -6,7 +6,7 @@
 # boundary calls them through Cython's function table: never inlined, one stable symbol each
 # for the crash-point tests to trace.
 
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
 from cpprb_ray._limiter cimport Limiter
 from cpprb_ray._segtree cimport TreeView, Xoshiro256
@@ -18,6 +18,12 @@ cdef enum:
     # (384: the rate limiter record, _limiter.pxd's LIMITER_AT and LIMITER_BYTES)
     LAYOUT_AT = 512          # the layout JSON
     VERSION = 3              # 3: magic as a u64 field, lock-wait statistics; 2: shared leaves
+
+# A laned record's int32 link (StoreView.link_offset): >= 1 a live row, else one of these.
+cdef enum:
+    LINK_NONE = 0            # never written since the segment was made
+    LINK_FILLER = -1         # holds only frames (of a stack that starts a stream anew)
+    LINK_DEAD = -2           # its row was evicted, torn or cleared
 
 # In-flight operation marker (Header.op), for the repair after a holder's death.
 cdef enum:
@@ -39,6 +45,8 @@ cdef enum Status:
     ST_INTERRUPTED = -7      # a signal handler raised while waiting for the lock
     ST_LOCK_ERROR = -8       # pthread returned an errno (kept in StoreView.lock_errno)
     ST_RATE_LIMITED = -9     # the rate limiter holds the add or sample back (nothing done)
+    ST_LANE_LOST = -10       # the add's lane is no longer this handle's (nothing done)
+    ST_LANE_FULL = -11       # an add's transitions need more slots than its lane has
 
 
 # Every field is 8 bytes and the order is the layout on disk: read_header() converts this struct
@@ -73,6 +81,20 @@ cdef struct Header:
     uint64_t rows_sampled         # rows ever returned by sample
     uint64_t updates              # priorities ever applied by update
     uint64_t lock_waits           # lock acquisitions that had to wait (statistics)
+    uint64_t pending_lane         # lane + 1 of the add in flight (0: the whole ring)
+
+
+# A lane (a contiguous sub-ring that one writing handle owns; _lanes.pyx) as it lies in the
+# segment's lane table, 64 bytes each. Its slots are [lane_start(i), lane_start(i + 1)).
+cdef struct Lane:
+    uint64_t owner_pid            # 0: free
+    uint64_t owner_start          # the owner process's start time (pid reuse)
+    uint64_t owner_token          # the owning handle's random token (two handles, one process)
+    uint64_t head                 # next slot to write, relative to the lane's first
+    uint64_t filled               # slots written since the last clear (at most the lane's size)
+    uint64_t writes               # slots ever written: what a writer's cached stacks are keyed by
+    uint64_t spare0
+    uint64_t spare1
 
 
 cdef struct StoreView:
@@ -89,6 +111,15 @@ cdef struct StoreView:
     int lock_errno                # the errno behind ST_LOCK_ERROR
     Limiter* limiter              # the segment's rate limiter record (LIMITER_AT)
     bint limited                  # it has a limiter (its kind never changes after creation)
+    Lane* lanes                   # the lane table (NULL: one ring, no lanes)
+    int64_t lane_count
+    int64_t link_offset           # with lanes: each record's int32 link (see _lanes.pyx)
+
+
+cdef int64_t lane_start(const StoreView* view, int64_t lane) noexcept nogil
+cdef int64_t lane_of(const StoreView* view, int64_t slot) noexcept nogil
+cdef int32_t* link_of(StoreView* view, int64_t slot) noexcept nogil
+cdef void publish(uint64_t* op, uint64_t value) noexcept nogil
 
 
 cdef void view_bind(StoreView* view, uint8_t* base, const int64_t* columns,
@@ -104,6 +135,8 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
 cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, double beta,
                           double* scratch, int64_t* indexes, float* weights,
                           uint64_t* generations, uint8_t** outputs) noexcept nogil
+cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double beta,
+                        double* scratch, int64_t* indexes, float* weights) noexcept nogil
 cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double* priorities,
                           const double* weights, const uint64_t* generations,
                           int64_t count) noexcept nogil

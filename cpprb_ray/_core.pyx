@@ -14,7 +14,7 @@ holder killed between two instructions leaves exactly the stores it had issued, 
 """
 
 from libc.math cimport floor, isfinite, pow, powf
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
 from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_BYTES, LIMITER_NONE, Limiter,
@@ -84,6 +84,37 @@ cdef inline void prefetch_record(const StoreView* view, int64_t slot) noexcept n
         prefetch(record + line)
 
 
+cdef void publish(uint64_t* op, uint64_t value) noexcept nogil:
+    """publish_op for the modules that write what a repair reads (_lanes)."""
+    publish_op(op, value)
+
+
+# -- lanes (the slot arithmetic every kernel shares; the lane kernels are in _lanes.pyx) ---------
+
+cdef int64_t lane_start(const StoreView* view, int64_t lane) noexcept nogil:
+    """First slot of `lane` (lane_count: the capacity). Lanes differ in size by one at most."""
+    return lane * view.capacity // view.lane_count
+
+
+cdef int64_t lane_of(const StoreView* view, int64_t slot) noexcept nogil:
+    # The largest i with i * capacity // lanes <= slot.
+    return ((slot + 1) * view.lane_count - 1) // view.capacity
+
+
+cdef int32_t* link_of(StoreView* view, int64_t slot) noexcept nogil:
+    """A laned record's link: >= 1 a live row (its obs stack ends that many slots back), else
+    a slot that holds only frames, was never written, or whose row is gone (_lanes.pxd)."""
+    return <int32_t*>(view.rows + slot * view.stride + view.link_offset)
+
+
+cdef int64_t count_live_rows(StoreView* view) noexcept nogil:
+    cdef int64_t slot, live = 0
+    for slot in range(view.capacity):
+        if link_of(view, slot)[0] >= 1 and not generation_of(view, slot)[0] & 1:
+            live += 1
+    return live
+
+
 cdef void view_bind(StoreView* view, uint8_t* base, const int64_t* columns,
                     const int64_t* row_bytes, int column_count) noexcept nogil:
     """Point `view` at a segment whose header and layout were validated (_layout.read)."""
@@ -101,6 +132,9 @@ cdef void view_bind(StoreView* view, uint8_t* base, const int64_t* columns,
     view.lock_errno = 0
     view.limiter = <Limiter*>(base + LIMITER_AT)
     view.limited = view.limiter.kind != LIMITER_NONE
+    view.lanes = NULL            # _store binds the lane table of a laned layout
+    view.lane_count = 0
+    view.link_offset = -1
 
 
 cdef int64_t header_problem(const Header* header) noexcept nogil:
@@ -165,7 +199,9 @@ cdef void store_repair(StoreView* view) noexcept nogil:
     cdef Header* h = view.header
     cdef uint64_t capacity = <uint64_t>view.capacity
     cdef uint64_t k, slot, count
-    if h.op == OP_ADD:
+    if view.lanes != NULL:
+        lanes_repair(view)
+    elif h.op == OP_ADD:
         count = h.pending_count if h.pending_count <= capacity else capacity
         for k in range(count):
             slot = (h.pending_start % capacity + k) % capacity
@@ -184,6 +220,38 @@ cdef void store_repair(StoreView* view) noexcept nogil:
     tree_rebuild(&view.tree)
     publish_op(&h.op, OP_NONE)
     h.repairs += 1
+
+
+cdef void lanes_repair(StoreView* view) noexcept nogil:
+    """store_repair of a laned buffer: an add in flight leaves its slots torn (generation odd,
+    leaf unset, link dead) and its lane's head where it was; rows it had evicted stay evicted
+    (their slots were about to be overwritten). The stored size is counted again: evictions
+    move it outside the add's record."""
+    cdef Header* h = view.header
+    cdef int64_t lane, first, size, k, slot, count
+    cdef Lane* record
+    if h.op == OP_ADD and 1 <= h.pending_lane <= <uint64_t>view.lane_count:
+        lane = <int64_t>h.pending_lane - 1
+        first = lane_start(view, lane)
+        size = lane_start(view, lane + 1) - first
+        record = &view.lanes[lane]
+        count = <int64_t>h.pending_count if h.pending_count <= <uint64_t>size else size
+        for k in range(count):
+            slot = first + (<int64_t>(h.pending_start % <uint64_t>size) + k) % size
+            view.tree.sums[slot] = unset_leaf()
+            generation_of(view, slot)[0] |= 1
+            link_of(view, slot)[0] = LINK_DEAD
+        record.head = h.pending_old_next % <uint64_t>size
+        record.filled = h.pending_old_stored if h.pending_old_stored <= <uint64_t>size else size
+        record.writes += 1        # whatever a writer cached of this lane is stale now
+        h.rows_added = h.pending_old_rows_added
+        h.max_priority = (h.pending_old_max_priority
+                          if isfinite(h.pending_old_max_priority)
+                          and h.pending_old_max_priority >= 0.0 else 1.0)
+    elif h.op == OP_CLEAR:
+        store_clear(view)
+    h.pending_lane = 0
+    h.stored_size = count_live_rows(view)
 
 
 # -- add ----------------------------------------------------------------------------------------
@@ -248,21 +316,23 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
 
 cdef int64_t any_committed(StoreView* view, int64_t stored) noexcept nogil:
     cdef int64_t slot
+    if view.lanes != NULL:
+        return count_live_rows(view) > 0
     for slot in range(stored):
         if not generation_of(view, slot)[0] & 1:
             return 1
     return 0
 
 
-cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, double beta,
-                          double* scratch, int64_t* indexes, float* weights,
-                          uint64_t* generations, uint8_t** outputs) noexcept nogil:
-    """Draw `batch` rows (proportional when prioritized, else uniform over committed rows) and
-    copy them out; returns `batch` or a Status. `scratch` holds `batch` doubles."""
+cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double beta,
+                        double* scratch, int64_t* indexes, float* weights) noexcept nogil:
+    """Draw `batch` slots (proportional when prioritized, else uniform over committed rows)
+    with their importance weights; returns `batch` or a Status. `scratch` holds `batch`
+    doubles. A laned buffer always has a tree (uniform ones weigh every row 1)."""
     cdef Header* h = view.header
-    cdef int64_t k, c, size, index, stored = h.stored_size, tries
+    cdef int64_t k, index, stored = h.stored_size, tries
+    cdef int64_t bound = view.capacity if view.lanes != NULL else stored
     cdef double total, inverse_lowest
-    cdef const uint8_t* record
     if stored == 0:
         return ST_EMPTY
     if view.prioritized:
@@ -274,9 +344,11 @@ cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, doubl
         if tree_sample(&view.tree, rng, scratch, indexes, batch):
             return ST_CORRUPT       # a padding node that is not 0 steered a walk
         for k in range(batch):
-            # The tree only reaches set leaves below the stored size; anything else is a
-            # corrupt node, and must not become an address.
-            if indexes[k] < 0 or indexes[k] >= stored:
+            # The tree only reaches set leaves below the stored size (in a laned buffer: of
+            # live rows); anything else is a corrupt node, and must not become an address.
+            if indexes[k] < 0 or indexes[k] >= bound:
+                return ST_CORRUPT
+            if view.lanes != NULL and link_of(view, indexes[k])[0] < 1:
                 return ST_CORRUPT
         # Ask for every sampled record now: their misses then overlap the weights below
         # instead of waiting for the gather. (Asking from inside the walk, as each leaf is
@@ -308,6 +380,18 @@ cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, doubl
                     break
             indexes[k] = index
             weights[k] = 1.0
+    return batch
+
+
+cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, double beta,
+                          double* scratch, int64_t* indexes, float* weights,
+                          uint64_t* generations, uint8_t** outputs) noexcept nogil:
+    """store_draw, then copy the drawn rows out; returns `batch` or a Status."""
+    cdef int64_t k, c, size
+    cdef const uint8_t* record
+    cdef int64_t drawn = store_draw(view, rng, batch, beta, scratch, indexes, weights)
+    if drawn < 0:
+        return drawn
     for k in range(min(batch, GATHER_AHEAD)):
         prefetch_record(view, indexes[k])
     for k in range(batch):
@@ -318,7 +402,7 @@ cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, doubl
         for c in range(view.column_count):
             size = view.row_bytes[c]
             copy_field(outputs[c] + k * size, record + view.columns[c], size)
-    h.rows_sampled += batch
+    view.header.rows_sampled += batch
     return batch
 
 
@@ -337,7 +421,8 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
     slots past the stored size (cleared since), torn, or (with `generations`) overwritten since
     they were sampled are skipped."""
     cdef Header* h = view.header
-    cdef int64_t k, index, applied = 0, stored = h.stored_size
+    cdef int64_t k, index, applied = 0
+    cdef int64_t stored = view.capacity if view.lanes != NULL else <int64_t>h.stored_size
     cdef double weight, max_priority = h.max_priority
     cdef uint64_t generation
     # Software pipelining: ask for the leaf lines (and the record, when generations are
@@ -351,6 +436,8 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
         index = indexes[k]
         if index < 0 or index >= stored:
             continue          # cleared since validation
+        if view.lanes != NULL and link_of(view, index)[0] < 1:
+            continue          # a laned slot without a live row (frames only, evicted, torn)
         if generations != NULL:
             generation = generation_of(view, index)[0]
             if generation & 1 or generation != generations[k]:
@@ -380,8 +467,9 @@ cdef void store_clear(StoreView* view) noexcept nogil:
     cdef uint64_t* generation
     # The repair calls this before the header is checked: a stored size past the capacity
     # (no writer leaves one) must not walk records that do not exist.
-    if stored > <uint64_t>view.capacity:
-        stored = <uint64_t>view.capacity
+    cdef int64_t lane
+    if stored > <uint64_t>view.capacity or view.lanes != NULL:
+        stored = <uint64_t>view.capacity      # a laned buffer's rows lie anywhere
     publish_op(&view.header.op, OP_CLEAR)
     # Only slots ever written can hold a row: a slot past the stored size was never written
     # since the last clear (the ring fills from 0), so it is neither read nor touched. (An empty
@@ -389,6 +477,13 @@ cdef void store_clear(StoreView* view) noexcept nogil:
     for slot in range(stored):
         generation = generation_of(view, <int64_t>slot)
         generation[0] = (generation[0] | 1) + 1
+        if view.lanes != NULL:
+            link_of(view, <int64_t>slot)[0] = LINK_DEAD
+    for lane in range(view.lane_count):
+        # Owners keep their lanes; what their writers cached of them is stale now.
+        view.lanes[lane].head = 0
+        view.lanes[lane].filled = 0
+        view.lanes[lane].writes += 1
     tree_clear_all(&view.tree)
     view.header.next_index = 0
     view.header.stored_size = 0

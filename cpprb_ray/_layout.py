@@ -17,6 +17,8 @@ from cpprb_ray import _memory, _proc, _rules, _store
 DATA_ALIGN = 4096      # rows start on a page
 LINE = 64              # the tree starts on a cache line; records never straddle one needlessly
 GENERATION_BYTES = 8   # every record starts with its slot's uint64 generation
+LANED_RECORD_START = 16  # ... and in a laned buffer its int32 link (_core.link_of), padded
+LANE_BYTES = 64        # one lane's record in the lane table (_core.pxd's Lane)
 # sample()'s extra outputs, and add()'s own keyword arguments (a column named "self" or
 # "timeout" could never be passed to add).
 RESERVED_KEYS = ("indexes", "weights", "generations", "priorities", "self", "timeout")
@@ -119,9 +121,14 @@ IDENTITY_META = ("backend", "owner_pid", "owner_parent_pid", "owner_start", "hos
 
 
 def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
-         extra_meta: Optional[Mapping[str, Any]] = None) -> Layout:
+         extra_meta: Optional[Mapping[str, Any]] = None,
+         lanes: Optional[Dict[str, Any]] = None) -> Layout:
     """Lay out a new segment for `capacity` rows of `columns`; `extra_meta` (JSON-able) goes
-    into the layout's "meta" too (features record their config there, e.g. "nstep")."""
+    into the layout's "meta" too (features record their config there, e.g. "nstep").
+
+    `lanes` (cpprb_ray.frames' config of a laned buffer, with "count" lanes): each record gets
+    a link after its generation, and the lane table follows the tree; its offset is added to
+    the config, which goes into the meta as "lanes"."""
     # token: this segment's identity (a name can be removed and made again by somebody else);
     # owner_pidns and boot_id: where owner_pid means anything (see _orphans).
     meta = {"backend": backend, "owner_pid": os.getpid(), "owner_parent_pid": os.getppid(),
@@ -130,7 +137,7 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
             "owner_pidns": _proc.pid_namespace(), "boot_id": _proc.boot_id()}
     meta.update(extra_meta or {})
     # Fields in env_dict order, each aligned to its item size (at most 8) after the generation.
-    offset = GENERATION_BYTES
+    offset = GENERATION_BYTES if lanes is None else LANED_RECORD_START
     for column in columns:
         alignment = min(column.dtype.alignment, 8)
         offset = _align(offset, max(alignment, 1))
@@ -139,10 +146,24 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
     row_stride = record_stride(offset)
     # The JSON holds the columns, the stride and the meta, all final here (not the section
     # offsets, which are in the header), so its length fixes where the rows start.
+    lane_bytes = 0
+    if lanes is not None:
+        # Its offset is in the JSON, whose length decides where the rows start: settle the
+        # offset's digits first (the tree's end can only move by a page when they change).
+        lane_bytes = LANE_BYTES * int(lanes["count"])
+        meta["lanes"] = dict(lanes, offset=0)
+        for _ in range(3):
+            document = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
+            data_offset = _align(_store.LAYOUT_OFFSET + len(document), DATA_ALIGN)
+            tree_offset = _align(data_offset + capacity * row_stride, LINE)
+            meta["lanes"]["offset"] = _align(tree_offset + _store.tree_nbytes(capacity), LINE)
     document = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
     data_offset = _align(_store.LAYOUT_OFFSET + len(document), DATA_ALIGN)
     tree_offset = _align(data_offset + capacity * row_stride, LINE)
-    total_size = _align(tree_offset + _store.tree_nbytes(capacity), DATA_ALIGN)
+    tree_end = tree_offset + _store.tree_nbytes(capacity)
+    if lanes is not None and meta["lanes"]["offset"] != _align(tree_end, LINE):
+        raise AssertionError("lane table offset did not settle")  # pragma: no cover
+    total_size = _align(_align(tree_end, LINE) + lane_bytes, DATA_ALIGN)
     return Layout(capacity, prioritized, columns, meta, data_offset, row_stride, tree_offset,
                   total_size)
 
@@ -204,7 +225,21 @@ def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
         raise corrupt(location, "tree lies outside the segment")
     if header["next_index"] >= capacity or header["stored_size"] > capacity:
         raise corrupt(location, "ring indices out of range")
-    layout = Layout(capacity, bool(header["prioritized"]), columns, meta, header["data_offset"],
+    lanes = meta.get("lanes")
+    prioritized = bool(header["prioritized"])
+    if lanes is not None:
+        try:
+            count, offset = int(lanes["count"]), int(lanes["offset"])
+            uniform = bool(lanes["uniform"])
+        except (KeyError, TypeError, ValueError):
+            raise corrupt(location, "unreadable lanes") from None
+        if not (1 <= count <= capacity and offset % 8 == 0 and offset >= tree_end
+                and offset + count * LANE_BYTES <= total and header["prioritized"]):
+            raise corrupt(location, "lane table lies outside the segment")
+        if any(column.offset < LANED_RECORD_START for column in columns):
+            raise corrupt(location, "a column overlaps the records' links")
+        prioritized = not uniform   # a uniform laned buffer samples through a flat tree
+    layout = Layout(capacity, prioritized, columns, meta, header["data_offset"],
                     stride, header["tree_offset"], total)
     return header, layout
 

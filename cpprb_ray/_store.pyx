@@ -31,17 +31,20 @@ from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FOR
                              PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer)
 from cpython.exc cimport PyErr_CheckSignals
 from libc.math cimport isnan
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 from cpprb_ray._columns cimport AddFrame, ColumnTable
 from cpprb_ray._core cimport (HEADER_BYTES, LAYOUT_AT, MUTEX_AT, OP_NONE, ST_ALL_TORN,
-                              ST_ALL_ZERO, ST_CORRUPT, ST_EMPTY, ST_LOCK_ERROR, ST_LOCK_TIMEOUT,
-                              ST_NAN_TREE, ST_OK, ST_RATE_LIMITED, VERSION, Header, StoreView,
-                              store_add, store_admits, store_clear, store_dump, store_lock,
+                              ST_ALL_ZERO, ST_CORRUPT, ST_EMPTY, ST_LANE_FULL, ST_LANE_LOST,
+                              ST_LOCK_ERROR, ST_LOCK_TIMEOUT, ST_NAN_TREE, ST_OK,
+                              ST_RATE_LIMITED, VERSION, Header, Lane, StoreView, store_add,
+                              store_admits, store_clear, store_draw, store_dump, store_lock,
                               store_restore, store_sample, store_snapshot, store_unlock,
                               store_update, view_bind)
+from cpprb_ray._lanes cimport (MAX_FRAME_COLUMNS, ST_NO_LANE, FrameColumn, LaneAdd, LaneClaim,
+                               lanes_add, lanes_claim, lanes_gather, lanes_live, lanes_release)
 from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_MIN_SIZE, LIMITER_NONE,
                                  LIMITER_SAMPLE_TO_INSERT_RATIO, SIDE_INSERT, SIDE_RESET,
                                  SIDE_SAMPLE, Limiter, gate_advance, gate_arm, limiter_admits,
@@ -90,6 +93,16 @@ _FLOAT64 = np.dtype(np.float64)
 def tree_nbytes(capacity):
     """Bytes of the sum+min tree for `capacity` slots."""
     return 8 * tree_doubles(capacity, NULL)
+
+
+cdef uint8_t* bytes_of(object array, int64_t nbytes, str what) except NULL:
+    """The data of `array`, a C-contiguous ndarray of at least `nbytes` bytes (the caller
+    keeps it alive while the pointer is used)."""
+    if type(array) is not _ndarray or not array.flags.c_contiguous or array.nbytes < nbytes \
+            or nbytes <= 0:
+        raise ValueError(f"{what} must be a C-contiguous array of {nbytes} bytes; got "
+                         f"{type(array).__name__} {getattr(array, 'nbytes', '')}")
+    return <uint8_t*><size_t>array.ctypes.data
 
 
 cdef Header* _header_of(object memory, Py_buffer* view) except NULL:
@@ -203,6 +216,17 @@ cdef int raise_status(int64_t status, ReplayStore store) except -1:
                            f"stopped while holding it, or a corrupt lock word)")
     if status == ST_LOCK_ERROR:
         raise OSError(store.view.lock_errno, "locking the buffer failed")
+    if status == ST_NO_LANE:
+        raise RuntimeError(f"every one of the buffer's {store.view.lane_count} lanes is owned by "
+                           f"a live handle: more handles add concurrently than it has lanes; "
+                           f"make the buffer with more lanes (lanes=), or close a writer")
+    if status == ST_LANE_LOST:
+        raise RuntimeError("this handle's lane was taken by another handle (this process was "
+                           "judged dead); nothing was added")
+    if status == ST_LANE_FULL:
+        raise ValueError("the transitions of this add need more slots than a lane has (each "
+                         "transition that does not continue the last one's frames needs up to "
+                         "2 * stack slots); add fewer at a time")
     raise SystemError(f"unknown store status {status}")
 
 
@@ -328,6 +352,55 @@ cdef int64_t tree_kernel(StoreView* view, void* arguments) noexcept nogil:
         a.sums[k] = view.tree.sums[k] + 0.0
         a.mins[k] = min_key(view.tree.sums[k])
     return 0
+
+
+cdef enum:
+    LANE_DRAW = 0             # LaneSample: draw `batch` rows, then gather them
+    LANE_ALL = 1              # gather every live row (up to `batch`)
+
+cdef struct LaneSample:
+    Xoshiro256* rng
+    int64_t batch
+    double beta
+    double* scratch
+    int64_t* indexes
+    float* weights
+    uint64_t* generations
+    uint8_t** outputs
+    FrameColumn* frames
+    int frame_count
+    int mode
+
+
+cdef int64_t lane_add_kernel(StoreView* view, void* arguments) noexcept nogil:
+    cdef LaneAdd* a = <LaneAdd*>arguments
+    if view.limited and not store_admits(view, SIDE_INSERT, a.count):
+        return ST_RATE_LIMITED
+    return lanes_add(view, a)
+
+cdef int64_t lane_sample_kernel(StoreView* view, void* arguments) noexcept nogil:
+    cdef LaneSample* a = <LaneSample*>arguments
+    cdef int64_t result
+    if a.mode == LANE_ALL:
+        a.batch = lanes_live(view, a.indexes, a.batch)
+    else:
+        if view.limited and not store_admits(view, SIDE_SAMPLE, a.batch):
+            return ST_RATE_LIMITED
+        result = store_draw(view, a.rng, a.batch, a.beta, a.scratch, a.indexes, a.weights)
+        if result < 0:
+            return result
+    result = lanes_gather(view, a.indexes, a.batch, a.generations, a.outputs, a.frames,
+                          a.frame_count)
+    if result >= 0 and a.mode == LANE_DRAW:
+        view.header.rows_sampled += <uint64_t>a.batch
+    return result
+
+cdef int64_t lane_claim_kernel(StoreView* view, void* arguments) noexcept nogil:
+    return lanes_claim(view, <LaneClaim*>arguments)
+
+cdef int64_t lane_release_kernel(StoreView* view, void* arguments) noexcept nogil:
+    cdef uint64_t* a = <uint64_t*>arguments
+    return lanes_release(view, <int64_t>a[0], a[1])
 
 
 cdef void rate_start(RateCall* rate, int side, int64_t rows, double timeout) noexcept:
@@ -493,6 +566,8 @@ cdef class ReplayStore:
     cdef int active               # threads of this process inside a call on this store
     cdef bint closing
     cdef ColumnTable columns
+    cdef FrameColumn frame_specs[MAX_FRAME_COLUMNS]   # bind_lanes: the frame columns
+    cdef int frame_count
 
     def __cinit__(self):
         self._has_buffer = False
@@ -517,6 +592,7 @@ cdef class ReplayStore:
         self.forks_seen = fork_generation
         self.active = 0
         self.closing = False
+        self.frame_count = 0
 
     def __dealloc__(self):
         if self._has_buffer:
@@ -1155,3 +1231,235 @@ cdef class ReplayStore:
         generations = np.ndarray((self.view.capacity,), dtype=np.uint64, buffer=self._memory,
                                  offset=header.data_offset, strides=(self.view.stride,))
         return generations[np.asarray(indexes, dtype=np.int64)].copy()
+
+    # -- lanes and frames (cpprb_ray.frames drives these; kernels in _lanes) ------------------
+
+    def bind_lanes(self, int64_t offset, int64_t count, frames=()):
+        """Bind the lane table (`count` lanes at byte `offset`) and the frame columns: a laned
+        layout's, validated by the caller; its bounds are checked here again, before any kernel
+        could index with them. `frames`: (store column, stack, plane bytes, item bytes,
+        has_next) per frame column."""
+        cdef int c
+        if not 1 <= count <= self.view.capacity or offset < HEADER_BYTES or offset % 8 or (
+                offset + count * <int64_t>sizeof(Lane) > self._buffer.len):
+            raise ValueError(f"lane table ({count} lanes at {offset}) lies outside the segment")
+        if len(frames) > MAX_FRAME_COLUMNS:
+            raise ValueError(f"at most {MAX_FRAME_COLUMNS} frame columns; got {len(frames)}")
+        for c, (column, stack, plane_bytes, item_bytes, has_next) in enumerate(frames):
+            if not (0 <= column < self.columns.count and 1 <= stack <= 64 and item_bytes >= 1
+                    and plane_bytes == self.columns.row_bytes[column]
+                    and plane_bytes % item_bytes == 0):
+                raise ValueError(f"frame column {column} does not fit the layout")
+            self.frame_specs[c].column = column
+            self.frame_specs[c].stack = stack
+            self.frame_specs[c].plane_bytes = plane_bytes
+            self.frame_specs[c].item_bytes = item_bytes
+            self.frame_specs[c].has_next = has_next
+        self.frame_count = len(frames)
+        self.view.lanes = <Lane*>(<uint8_t*>self._buffer.buf + offset)
+        self.view.lane_count = count
+        self.view.link_offset = 8    # right after each record's generation (_layout)
+
+    def lane_owners(self):
+        """(lanes, 4) uint64: each lane's owner pid (0: free), its start time, its handle's
+        token and its pid namespace, read without the lock (each field one aligned load)."""
+        self.header()
+        owners = np.empty((self.view.lane_count, 4), dtype=np.uint64)
+        cdef uint64_t[:, ::1] table = owners
+        cdef int64_t lane
+        for lane in range(self.view.lane_count):
+            table[lane, 0] = self.view.lanes[lane].owner_pid
+            table[lane, 1] = self.view.lanes[lane].owner_start
+            table[lane, 2] = self.view.lanes[lane].owner_token
+            table[lane, 3] = self.view.lanes[lane].spare0
+        return owners
+
+    def claim_lane(self, uint64_t pid, uint64_t start, uint64_t token, uint64_t pidns, dead):
+        """A free lane, or one of `dead` ((lanes, 4) uint64: lane, pid, start, token of owners
+        seen dead) whose owner did not change since; RuntimeError when there is none."""
+        cdef LaneClaim claim
+        cdef const uint64_t[:, ::1] entries = dead
+        if entries.shape[1] != 4:
+            raise ValueError("dead must be (n, 4) uint64")
+        claim.pid = pid
+        claim.start = start
+        claim.token = token
+        claim.pidns = pidns
+        claim.dead_count = entries.shape[0]
+        claim.dead = &entries[0, 0] if entries.shape[0] else NULL
+        self.enter()
+        try:
+            return self.run(lane_claim_kernel, &claim, NULL)
+        finally:
+            self.leave()
+
+    def release_lane(self, uint64_t lane, uint64_t token):
+        """Free `lane` if the handle with `token` still owns it (its rows stay)."""
+        cdef uint64_t arguments[2]
+        arguments[0] = lane
+        arguments[1] = token
+        self.enter()
+        try:
+            self.run(lane_release_kernel, arguments, NULL)
+        finally:
+            self.leave()
+
+    def add_lanes(self, int64_t lane, uint64_t token, int64_t count, list values, list stacks,
+                  priorities, uint64_t[::1] cache_writes, timeout=None):
+        """Add `count` transitions to `lane` (which the handle with `token` owns); returns the
+        first slot written.
+
+        `values`: per store column, `count` values as a C-contiguous array of its dtype (None
+        for a frame column); `stacks`: per frame column (values, nexts or None, cache), each
+        C-contiguous: `count` stacks, `count` next stacks, and the writer's one cached stack.
+        `priorities`: None or `count` float64. `cache_writes`: the writer's cache key (in/out).
+        """
+        cdef double seconds = _rules.as_timeout(timeout)
+        cdef LaneAdd arguments
+        cdef FrameColumn frames[MAX_FRAME_COLUMNS]
+        cdef RateCall rate
+        cdef int n = self.columns.count, c
+        cdef int64_t stack_bytes
+        cdef const double[::1] given
+        cdef const uint8_t** sources = NULL
+        cdef double* weights = NULL
+        cdef int32_t* plan = NULL
+        self.enter()
+        try:
+            if self.view.lanes == NULL or not 0 <= lane < self.view.lane_count:
+                raise ValueError(f"lane must be one of the buffer's lanes; got {lane}")
+            if count < 1 or len(values) != n or len(stacks) != self.frame_count:
+                raise ValueError("add_lanes needs one value per column and one stack entry per "
+                                 "frame column")
+            sources = <const uint8_t**>malloc(n * sizeof(uint8_t*))
+            plan = <int32_t*>malloc(2 * count * sizeof(int32_t))
+            if sources == NULL or plan == NULL:
+                raise MemoryError()
+            for c in range(n):
+                sources[c] = NULL
+                if values[c] is None:
+                    continue
+                sources[c] = bytes_of(values[c], count * self.columns.row_bytes[c],
+                                      f"column {self.columns.names[c]!r}")
+            for c in range(self.frame_count):
+                frames[c] = self.frame_specs[c]
+                stack_bytes = frames[c].stack * frames[c].plane_bytes
+                if values[frames[c].column] is not None:
+                    raise ValueError("a frame column's value goes in `stacks`")
+                frames[c].values = bytes_of(stacks[c][0], count * stack_bytes, "stacks")
+                frames[c].nexts = NULL
+                if frames[c].has_next:
+                    frames[c].nexts = bytes_of(stacks[c][1], count * stack_bytes, "next stacks")
+                if not stacks[c][2].flags.writeable:
+                    raise ValueError("a frame column's cache must be writable")
+                frames[c].cache = bytes_of(stacks[c][2], stack_bytes, "cache")
+                sources[frames[c].column] = frames[c].values   # only marks it as given
+            for c in range(n):
+                if sources[c] == NULL:
+                    raise ValueError(f"column {self.columns.names[c]!r} has no value")
+            arguments.priorities = NULL
+            arguments.weights = NULL
+            if priorities is not None:
+                if not self.prioritized:
+                    raise TypeError("priorities are only for a PrioritizedReplayBuffer")
+                given = priorities
+                if given.shape[0] != count:
+                    raise ValueError(f"priorities must have {count} entries; got "
+                                     f"{given.shape[0]}")
+                weights = <double*>malloc(count * sizeof(double))
+                if weights == NULL:
+                    raise MemoryError()
+                self.weigh(&given[0], weights, count, "priorities")
+                arguments.priorities = &given[0]
+                arguments.weights = weights
+            self.check_admissible(SIDE_INSERT, count, "add")
+            arguments.lane = lane
+            arguments.token = token
+            arguments.count = count
+            arguments.sources = sources
+            arguments.frames = frames
+            arguments.frame_count = self.frame_count
+            arguments.cache_writes = &cache_writes[0]
+            arguments.plan = plan
+            rate_start(&rate, SIDE_INSERT, count, seconds)
+            return self.run(lane_add_kernel, &arguments, &rate)
+        finally:
+            free(sources)
+            free(plan)
+            free(weights)
+            self.leave()
+
+    def sample_lanes(self, int64_t batch, double beta, list outputs, list stacks, indexes,
+                     weights, generations, timeout=None, bint every_row=False):
+        """Draw `batch` rows (every_row: take every live row, up to `batch`) into the given
+        arrays: `outputs` per store column (None for a frame column), `stacks` per frame column
+        (values, nexts or None); returns how many rows were written."""
+        cdef double seconds = _rules.as_timeout(timeout)
+        cdef LaneSample arguments
+        cdef FrameColumn frames[MAX_FRAME_COLUMNS]
+        cdef RateCall rate
+        cdef int n = self.columns.count, c
+        cdef int64_t stack_bytes
+        cdef int64_t[::1] index_view = indexes
+        cdef float[::1] weight_view = weights
+        cdef uint64_t[::1] generation_view = generations
+        cdef uint8_t** pointers = NULL
+        cdef double* scratch = NULL
+        self.enter()
+        try:
+            if self.view.lanes == NULL:
+                raise ValueError("sample_lanes needs a laned buffer")
+            if batch < 1 or len(outputs) != n or len(stacks) != self.frame_count or (
+                    index_view.shape[0] < batch or weight_view.shape[0] < batch
+                    or generation_view.shape[0] < batch):
+                raise ValueError("sample_lanes needs one output per column and room for batch")
+            if not every_row:
+                self.check_admissible(SIDE_SAMPLE, batch, "batch_size")
+            pointers = <uint8_t**>malloc(n * sizeof(uint8_t*))
+            scratch = <double*>malloc(batch * sizeof(double))
+            if pointers == NULL or scratch == NULL:
+                raise MemoryError()
+            for c in range(n):
+                pointers[c] = NULL
+                if outputs[c] is None:
+                    continue
+                if not outputs[c].flags.writeable:
+                    raise ValueError(f"output {self.columns.names[c]!r} must be writable")
+                pointers[c] = bytes_of(outputs[c], batch * self.columns.row_bytes[c],
+                                       f"output {self.columns.names[c]!r}")
+            for c in range(self.frame_count):
+                frames[c] = self.frame_specs[c]
+                stack_bytes = frames[c].stack * frames[c].plane_bytes
+                for array in stacks[c]:
+                    if array is not None and not array.flags.writeable:
+                        raise ValueError("frame outputs must be writable")
+                frames[c].out_values = bytes_of(stacks[c][0], batch * stack_bytes, "stack output")
+                frames[c].out_nexts = NULL
+                if frames[c].has_next:
+                    frames[c].out_nexts = bytes_of(stacks[c][1], batch * stack_bytes,
+                                                   "next stack output")
+                pointers[frames[c].column] = frames[c].out_values   # only marks it as given
+            for c in range(n):
+                if pointers[c] == NULL:
+                    raise ValueError(f"output {self.columns.names[c]!r} is missing")
+            arguments.rng = &self.rng
+            arguments.batch = batch
+            arguments.beta = beta
+            arguments.scratch = scratch
+            arguments.indexes = &index_view[0]
+            arguments.weights = &weight_view[0]
+            arguments.generations = &generation_view[0]
+            arguments.outputs = pointers
+            arguments.frames = frames
+            arguments.frame_count = self.frame_count
+            arguments.mode = LANE_ALL if every_row else LANE_DRAW
+            if every_row:
+                self.run(lane_sample_kernel, &arguments, NULL)
+            else:
+                rate_start(&rate, SIDE_SAMPLE, batch, seconds)
+                self.run(lane_sample_kernel, &arguments, &rate)
+            return arguments.batch
+        finally:
+            free(pointers)
+            free(scratch)
+            self.leave()

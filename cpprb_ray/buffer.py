@@ -18,7 +18,8 @@ from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
-from cpprb_ray import _layout, _memory, _proc, _rules, _store, checkpoint, nstep, rate_limiters
+from cpprb_ray import (_layout, _memory, _proc, _rules, _store, checkpoint, frames, nstep,
+                       rate_limiters)
 from cpprb_ray._ownership import Ownership
 
 __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
@@ -95,9 +96,12 @@ class ReplayBuffer:
                  name: Optional[str] = None, path: Optional[PathLike] = None,
                  seed: Optional[int] = None, lock_timeout: float = 60.0,
                  Nstep: Optional[Mapping[str, Any]] = None,
-                 rate_limiter: Optional[rate_limiters.RateLimiter] = None) -> None:
+                 rate_limiter: Optional[rate_limiters.RateLimiter] = None,
+                 next_of: frames.Names = None, stack_compress: frames.Names = None,
+                 lanes: Optional[int] = None) -> None:
         self._create(size, env_dict, backend, name, path, seed, alpha=0.0, eps=0.0,
-                     lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter)
+                     lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter,
+                     next_of=next_of, stack_compress=stack_compress, lanes=lanes)
 
     # -- construction helpers ---------------------------------------------------------------------
 
@@ -105,25 +109,37 @@ class ReplayBuffer:
                 path: Optional[PathLike], seed: Optional[int], *, alpha: float,
                 eps: float, lock_timeout: float,
                 Nstep: Optional[Mapping[str, Any]] = None,
-                rate_limiter: Optional[rate_limiters.RateLimiter] = None) -> None:
+                rate_limiter: Optional[rate_limiters.RateLimiter] = None,
+                next_of: frames.Names = None, stack_compress: frames.Names = None,
+                lanes: Optional[int] = None) -> None:
         capacity = _as_count(size, "size")
         if capacity <= 0:
             raise ValueError(f"size must be > 0; got {capacity}")
         limiter = rate_limiters.check_rate_limiter(rate_limiter, capacity)
-        columns, nstep_config = nstep.plan_columns(_layout.parse_env_dict(env_dict), Nstep)
+        columns, lane_config = frames.LaneConfig.plan(
+            _layout.parse_env_dict(env_dict), capacity, self._prioritized, next_of,
+            stack_compress, lanes)
+        if lane_config is not None and Nstep is not None:
+            raise ValueError("Nstep cannot be combined with lanes, next_of or stack_compress "
+                             "yet (docs/frames.md)")
+        columns, nstep_config = nstep.plan_columns(columns, Nstep)
         backend = _memory.resolve_backend(backend)
         if path is not None and backend != "mmap":
             raise ValueError("path= needs backend='mmap'")
         if seed is not None and _as_count(seed, "seed") < 0:
             raise ValueError(f"seed must be >= 0; got {seed}")
         layout = _layout.plan(capacity, columns, self._prioritized, backend,
-                              extra_meta=nstep.meta_of(nstep_config))
+                              extra_meta=nstep.meta_of(nstep_config),
+                              lanes=None if lane_config is None else lane_config.to_meta())
         segment = _memory.create(backend, layout.total_size, name=name,
                                  path=None if path is None else os.fspath(path))
         try:
             _store.initialize_segment(
                 segment.memory, total_size=layout.total_size, capacity=capacity,
-                prioritized=self._prioritized, alpha=alpha, eps=eps, owner_pid=os.getpid(),
+                # A laned buffer always samples through its tree (a uniform one weighs every
+                # row 1: alpha 0), since its rows are not the slots below a stored size.
+                prioritized=self._prioritized or lane_config is not None, alpha=alpha, eps=eps,
+                owner_pid=os.getpid(),
                 layout_json=layout.to_json(), data_offset=layout.data_offset,
                 tree_offset=layout.tree_offset,
                 row_stride=layout.row_stride, created_ns=time.time_ns(),
@@ -157,6 +173,17 @@ class ReplayBuffer:
         self._store = (_store.ReplayStore(segment.memory, layout.columns, seed, lock_timeout)
                        if store is None else store)
         self._column_order = tuple(c.name for c in layout.columns)
+        self._lanes: Optional[frames.LaneWriter] = None
+        lane_config = frames.LaneConfig.from_meta(layout.meta, layout.columns, segment.location)
+        if lane_config is not None:
+            if store is not None:
+                raise ValueError(f"{segment.location!r} is a laned buffer (lanes, next_of, "
+                                 f"stack_compress): it cannot be used from a node that does not "
+                                 f"see its segment yet (docs/frames.md)")
+            lane_config.check_lane_size(layout.capacity, segment.location)
+            self._store.bind_lanes(layout.meta["lanes"]["offset"], lane_config.count,
+                                   lane_config.store_specs(layout.columns))
+            self._lanes = frames.LaneWriter(self._store, lane_config, layout.columns)
         self._owner = owner
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
@@ -242,6 +269,9 @@ class ReplayBuffer:
         ...         print(copy.get_all_transitions()["obs"].ravel(), copy.is_owner)
         [1. 2. 3.] True
         """
+        if self._lanes is not None:
+            raise ValueError("save() does not support laned buffers (lanes, next_of, "
+                             "stack_compress) yet (docs/frames.md)")
         checkpoint.save(self, file)
 
     @classmethod
@@ -395,6 +425,9 @@ class ReplayBuffer:
         ...     print(rb.env_dict["obs"]["shape"], rb.env_dict["act"]["dtype"])
         (2,) int64
         """
+        if self._lanes is not None:
+            return {name: {"shape": shape, "dtype": dtype}
+                    for name, shape, dtype in self._lanes.public}
         return {c.name: {"shape": c.shape, "dtype": c.dtype} for c in self._columns
                 if c.name != nstep.DISCOUNTS or self._nstep is None}
 
@@ -509,6 +542,8 @@ class ReplayBuffer:
         """
         if self._nstep is not None:
             return self._nstep.add(self, columns, None, timeout)  # type: ignore[return-value]
+        if self._lanes is not None:
+            return self._lanes.add(columns, None, timeout)
         return self._store.add(self._values(columns), None, timeout)
 
     def _commit_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
@@ -553,6 +588,12 @@ class ReplayBuffer:
         ['generations', 'indexes', 'obs'] (5, 2) int64
         """
         batch = self._check_batch(batch_size)
+        if self._lanes is not None:
+            if out is not None and isinstance(out, dict):
+                out = dict(out, weights=np.empty(batch, dtype=np.float32))
+            result = self._lanes.sample(batch, 0.0, out, timeout)
+            del result["weights"]
+            return result
         if out is not None:
             # The store fills weights too; a uniform sample has none to give back.
             out = dict(out) if isinstance(out, dict) else out
@@ -612,6 +653,8 @@ class ReplayBuffer:
         [1. 2. 3.]
         """
         room = self.get_stored_size()
+        if self._lanes is not None:
+            return self._lanes.all_rows(room)
         outputs = [np.empty((room,) + c.shape, dtype=c.dtype) for c in self._columns]
         indexes = np.empty(room, dtype=np.int64)
         leaves = np.empty(room, dtype=np.float64)
@@ -650,6 +693,8 @@ class ReplayBuffer:
             try:
                 if self._nstep is not None:
                     self._flush_on_close()
+                if self._lanes is not None:
+                    self._lanes.release()
             finally:  # a failed flush still closes
                 self._store.release()
                 self._segment.close()
@@ -792,7 +837,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                  eps: float = 1e-4, backend: str = "auto", name: Optional[str] = None,
                  path: Optional[PathLike] = None, seed: Optional[int] = None,
                  lock_timeout: float = 60.0, Nstep: Optional[Mapping[str, Any]] = None,
-                 rate_limiter: Optional[rate_limiters.RateLimiter] = None) -> None:
+                 rate_limiter: Optional[rate_limiters.RateLimiter] = None,
+                 next_of: frames.Names = None, stack_compress: frames.Names = None,
+                 lanes: Optional[int] = None) -> None:
         alpha = _as_real(alpha, "alpha")
         eps = _as_real(eps, "eps")
         if alpha < 0:
@@ -802,7 +849,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size > 0:
             _rules.check_alpha_eps(alpha, eps, int(size))
         self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps,
-                     lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter)
+                     lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter,
+                     next_of=next_of, stack_compress=stack_compress, lanes=lanes)
 
     def add(self, *, priorities: Any = None, timeout: Optional[float] = None,
             **columns: Any) -> int:
@@ -829,6 +877,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if self._nstep is not None:
             return self._nstep.add(self, columns, priorities,  # type: ignore[return-value]
                                    timeout)
+        if self._lanes is not None:
+            return self._lanes.add(columns, priorities, timeout)
         return self._store.add(self._values(columns), priorities, timeout)
 
     def _step_priorities(self, priorities: Any, count: int) -> np.ndarray:
@@ -870,6 +920,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             beta = _as_real(beta, "beta")
             if beta < 0:
                 raise ValueError(f"beta must be >= 0; got {beta}")
+        if self._lanes is not None:
+            return self._lanes.sample(batch, beta, out, timeout)
         return self._store.sample(batch, beta, out, timeout)
 
     def update_priorities(self, indexes: Any, priorities: Any,

@@ -1,0 +1,56 @@
+# cython: language_level=3
+# Lanes and frames, nogil: a laned buffer's ring is split into contiguous sub-rings (lanes), each
+# written by one handle at a time; frame columns (next_of, stack_compress) keep one plane of a
+# stack per slot, and a row's stacks are read back from the slots before it in its lane.
+# _store.pyx validates, locks, and calls these through its driver; _core.pyx holds the slot
+# arithmetic (lane_start, lane_of, link_of) that its own kernels share.
+
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+
+from cpprb_ray._core cimport StoreView
+
+cdef enum:
+    MAX_FRAME_COLUMNS = 8
+    ST_NO_LANE = -12         # every lane is owned by a live handle
+
+# One frame column, for one call. A stack is C-contiguous (*plane_shape, stack) as the user
+# passes it: its planes interleave at `item_bytes`; the store keeps one plane per slot.
+cdef struct FrameColumn:
+    int64_t column           # the store's column (its field in a record holds one plane)
+    int64_t stack            # planes per stack (1: next_of without stack_compress)
+    int64_t plane_bytes
+    int64_t item_bytes
+    bint has_next            # next_of: the next stack is passed (add) and returned (sample)
+    const uint8_t* values    # add: `count` stacks, the row's own (next_of: its obs)
+    const uint8_t* nexts     # add: `count` next stacks (has_next)
+    uint8_t* cache           # add: the writer's copy of the stack that ends its lane
+    uint8_t* out_values      # gather: `batch` stacks
+    uint8_t* out_nexts       # gather: `batch` next stacks (has_next)
+
+cdef struct LaneAdd:
+    int64_t lane
+    uint64_t token           # the writer's: the lane must still be its own
+    int64_t count            # transitions
+    const uint8_t** sources  # per store column, `count` values back to back (frame columns: unused)
+    FrameColumn* frames
+    int frame_count
+    const double* priorities
+    const double* weights
+    uint64_t* cache_writes   # in/out: the lane's `writes` when `cache` was taken (0: none)
+    int32_t* plan            # scratch: 2 * count int32 (fillers, link) per transition
+
+cdef struct LaneClaim:
+    uint64_t pid
+    uint64_t start
+    uint64_t token
+    uint64_t pidns
+    int64_t dead_count
+    const uint64_t* dead     # 4 per entry: lane, and the owner (pid, start, token) seen dead
+
+cdef int64_t lanes_claim(StoreView* view, LaneClaim* claim) noexcept nogil
+cdef int64_t lanes_release(StoreView* view, int64_t lane, uint64_t token) noexcept nogil
+cdef int64_t lanes_add(StoreView* view, LaneAdd* add) noexcept nogil
+cdef int64_t lanes_gather(StoreView* view, const int64_t* indexes, int64_t batch,
+                          uint64_t* generations, uint8_t** outputs, FrameColumn* frames,
+                          int frame_count) noexcept nogil
+cdef int64_t lanes_live(StoreView* view, int64_t* indexes, int64_t room) noexcept nogil

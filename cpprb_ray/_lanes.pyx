@@ -1,0 +1,394 @@
+# cython: language_level=3
+"""Lanes and frames: the nogil kernels of a laned buffer (docs/frames.md).
+
+A laned buffer's ring is split into lanes, contiguous sub-rings under the one tree; a handle
+that adds claims a lane and is its only writer until it closes or dies. So consecutive slots of
+a lane hold one writer's stream, in order, and a frame column (next_of, stack_compress) needs
+only one plane of a stack per slot: a row's stack is the planes of the slots before it.
+
+Every slot has an int32 link right after its generation (_core.link_of): a row's link is how
+many slots back its obs stack ends (>= 1), a slot that only holds frames is LINK_FILLER. An add
+compares each transition with what its lane already holds (the writer's cached copy of the
+stack that ends the lane, keyed by the lane's write count, so a clear or a repair in between
+makes it stale) and writes filler slots with the frames that are not there yet: a reset, a new
+episode, anything that does not continue the stream. So every row comes back exactly as added.
+Writing a slot first evicts every row that reads it (its own, and rows up to 2 * stack slots
+ahead whose stacks reach back to it), so the ring moving on never hands out wrong frames.
+
+Crash protocol: as _core's add: the slots to write and the lane's head are recorded and
+published (OP_ADD, Header.pending_lane) before anything is evicted or written; _core's
+lanes_repair tears the recorded slots and puts the head back.
+"""
+
+from libc.math cimport pow
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
+
+from cpprb_ray._core cimport (LINK_DEAD, LINK_FILLER, OP_ADD, OP_NONE, ST_CORRUPT,
+                              ST_LANE_FULL, ST_LANE_LOST, Header, Lane, StoreView, lane_of,
+                              lane_start, link_of, publish)
+from cpprb_ray._segtree cimport tree_refresh_range, unset_leaf
+
+cdef extern from *:
+    """
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    #define CPPRB_RAY_LITTLE_ENDIAN 1
+    #else
+    #define CPPRB_RAY_LITTLE_ENDIAN 0
+    #endif
+    """
+    # The uint8 x 4 stack (Atari's) moves as one uint32 per pixel: byte j is plane j.
+    bint LITTLE_ENDIAN "CPPRB_RAY_LITTLE_ENDIAN"
+
+cdef enum:
+    MAX_STACK = 64           # planes per stack (checked by frames.py)
+
+
+cdef inline uint64_t* generation_at(StoreView* view, int64_t slot) noexcept nogil:
+    return <uint64_t*>(view.rows + slot * view.stride)
+
+
+# -- planes and stacks --------------------------------------------------------------------------
+
+cdef void extract_plane(uint8_t* plane, const uint8_t* stack, const FrameColumn* f,
+                        int64_t j) noexcept nogil:
+    """plane[p] = stack[p, j] for every pixel p."""
+    cdef int64_t p, item = f.item_bytes, stack_size = f.stack
+    cdef int64_t pixels = f.plane_bytes // item
+    if stack_size == 1:
+        memcpy(plane, stack, <size_t>f.plane_bytes)
+    elif item == 1:
+        for p in range(pixels):
+            plane[p] = stack[stack_size * p + j]
+    else:
+        for p in range(pixels):
+            memcpy(plane + p * item, stack + (stack_size * p + j) * item, <size_t>item)
+
+
+cdef void interleave(uint8_t* stack, const uint8_t** planes, const FrameColumn* f) noexcept nogil:
+    """stack[p, j] = planes[j][p]: a stack out of the planes of its slots."""
+    cdef int64_t p, j, item = f.item_bytes, stack_size = f.stack
+    cdef int64_t pixels = f.plane_bytes // item
+    cdef uint32_t word
+    cdef const uint8_t* source
+    if stack_size == 1:
+        memcpy(stack, planes[0], <size_t>f.plane_bytes)
+    elif item == 1 and stack_size == 4 and LITTLE_ENDIAN:
+        for p in range(pixels):
+            word = (planes[0][p] | (<uint32_t>planes[1][p] << 8) | (<uint32_t>planes[2][p] << 16)
+                    | (<uint32_t>planes[3][p] << 24))
+            memcpy(stack + 4 * p, &word, 4)
+    elif item == 1:
+        for j in range(stack_size):
+            source = planes[j]
+            for p in range(pixels):
+                stack[stack_size * p + j] = source[p]
+    else:
+        for p in range(pixels):
+            for j in range(stack_size):
+                memcpy(stack + (stack_size * p + j) * item, planes[j] + p * item, <size_t>item)
+
+
+cdef bint shifted_equal(const uint8_t* newer, const uint8_t* older,
+                        const FrameColumn* f) noexcept nogil:
+    """newer[..., :-1] == older[..., 1:]: `newer` is `older` moved on by one frame."""
+    cdef int64_t p, item = f.item_bytes, stack_size = f.stack
+    cdef int64_t pixels = f.plane_bytes // item
+    cdef int64_t keep = (stack_size - 1) * item, pixel_bytes = stack_size * item
+    cdef uint32_t a, b, differ = 0
+    if stack_size == 1:
+        return True
+    if item == 1 and stack_size == 4 and LITTLE_ENDIAN:
+        # No early exit: the whole frame in one branch-free (vectorized) pass.
+        for p in range(pixels):
+            memcpy(&a, newer + 4 * p, 4)
+            memcpy(&b, older + 4 * p, 4)
+            differ |= (a & 0xFFFFFF) ^ (b >> 8)
+        return differ == 0
+    for p in range(pixels):
+        if memcmp(newer + p * pixel_bytes, older + p * pixel_bytes + item, <size_t>keep):
+            return False
+    return True
+
+
+# -- lanes --------------------------------------------------------------------------------------
+
+cdef int64_t lanes_claim(StoreView* view, LaneClaim* claim) noexcept nogil:
+    """Give the claimer a free lane, or one whose owner it saw dead and that nobody took since
+    (the owner fields are compared, so two claimers cannot both take it); ST_NO_LANE."""
+    cdef int64_t lane, entry
+    cdef Lane* record = NULL
+    for lane in range(view.lane_count):
+        if view.lanes[lane].owner_pid == 0:
+            record = &view.lanes[lane]
+            break
+    if record == NULL:
+        for entry in range(claim.dead_count):
+            lane = <int64_t>claim.dead[4 * entry]
+            if not 0 <= lane < view.lane_count:
+                continue
+            if (view.lanes[lane].owner_pid == claim.dead[4 * entry + 1]
+                    and view.lanes[lane].owner_start == claim.dead[4 * entry + 2]
+                    and view.lanes[lane].owner_token == claim.dead[4 * entry + 3]):
+                record = &view.lanes[lane]
+                break
+    if record == NULL:
+        return ST_NO_LANE
+    record.owner_pid = claim.pid
+    record.owner_start = claim.start
+    record.owner_token = claim.token
+    record.spare0 = claim.pidns
+    return lane
+
+
+cdef int64_t lanes_release(StoreView* view, int64_t lane, uint64_t token) noexcept nogil:
+    """Free `lane` if `token`'s handle still owns it; its rows stay."""
+    cdef Lane* record
+    if not 0 <= lane < view.lane_count:
+        return ST_CORRUPT
+    record = &view.lanes[lane]
+    if record.owner_token == token:
+        record.owner_pid = 0
+        record.owner_start = 0
+        record.owner_token = 0
+        record.spare0 = 0
+    return 0
+
+
+cdef inline void evict(StoreView* view, int64_t slot) noexcept nogil:
+    cdef uint64_t* generation = generation_at(view, slot)
+    link_of(view, slot)[0] = LINK_DEAD
+    view.tree.sums[slot] = unset_leaf()
+    if not generation[0] & 1:
+        generation[0] += 2      # an update with the generation it was sampled at skips it
+    if view.header.stored_size > 0:
+        view.header.stored_size -= 1
+
+
+cdef void write_frames(StoreView* view, uint8_t* record, int64_t delta, int64_t back,
+                       int64_t row, const LaneAdd* a) noexcept nogil:
+    """The planes of the slot `delta` slots before transition `row`'s own (delta 0): of its
+    next stack where that reaches, else of its obs stack (which ends `back` slots before its
+    own), else zeros (a filler slot that this column's stacks do not reach)."""
+    cdef int c
+    cdef int64_t stack_size, stack_bytes
+    cdef const FrameColumn* f
+    cdef uint8_t* plane
+    for c in range(a.frame_count):
+        f = &a.frames[c]
+        plane = record + view.columns[f.column]
+        stack_size = f.stack
+        stack_bytes = stack_size * f.plane_bytes
+        if f.has_next:
+            if delta <= stack_size - 1:
+                extract_plane(plane, f.nexts + row * stack_bytes, f, stack_size - 1 - delta)
+            elif back <= delta <= back + stack_size - 1:
+                extract_plane(plane, f.values + row * stack_bytes, f,
+                              stack_size - 1 - (delta - back))
+            else:
+                memset(plane, 0, <size_t>f.plane_bytes)
+        elif delta <= stack_size - 1:
+            extract_plane(plane, f.values + row * stack_bytes, f, stack_size - 1 - delta)
+        else:
+            memset(plane, 0, <size_t>f.plane_bytes)
+
+
+cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
+    """Add `count` transitions to the caller's lane; returns the first transition's slot, or
+    ST_LANE_LOST (the lane is not the caller's any more) or ST_LANE_FULL (they need more slots
+    than the lane has), with nothing written."""
+    cdef Header* h = view.header
+    cdef Lane* lane = &view.lanes[a.lane]
+    cdef int64_t first = lane_start(view, a.lane)
+    cdef int64_t size = lane_start(view, a.lane + 1) - first
+    cdef int64_t stack_max = 1, row, c, total = 0, fillers, back, k, delta, slot, reach
+    cdef int64_t head, stack_bytes, distance, link, column, field
+    cdef uint64_t frame_mask = 0
+    cdef bint match, shift
+    cdef const uint8_t* previous
+    cdef const uint8_t* value
+    cdef const FrameColumn* f
+    cdef uint8_t* record
+    cdef uint64_t* generation
+    cdef double weight = 0.0, max_priority = h.max_priority
+    cdef bint cached
+    if lane.owner_token != a.token:
+        return ST_LANE_LOST
+    if lane.head >= <uint64_t>size or lane.filled > <uint64_t>size:
+        return ST_CORRUPT
+    head = <int64_t>lane.head
+    cached = a.cache_writes[0] != 0 and a.cache_writes[0] == lane.writes
+    for c in range(a.frame_count):
+        stack_max = max(stack_max, a.frames[c].stack)
+        frame_mask |= (<uint64_t>1) << a.frames[c].column
+    # 1. Plan: how many filler slots each transition needs, and where its obs stack ends.
+    for row in range(a.count):
+        fillers = 0
+        back = 1
+        if a.frame_count:
+            match = True
+            shift = True
+            for c in range(a.frame_count):
+                f = &a.frames[c]
+                stack_bytes = f.stack * f.plane_bytes
+                value = f.values + row * stack_bytes
+                if row == 0:
+                    previous = f.cache if cached else NULL
+                else:
+                    previous = (f.nexts if f.has_next else f.values) + (row - 1) * stack_bytes
+                if previous == NULL:
+                    match = False
+                elif f.has_next:
+                    if memcmp(value, previous, <size_t>stack_bytes):
+                        match = False
+                elif not shifted_equal(value, previous, f):
+                    match = False
+                if f.has_next and not shifted_equal(f.nexts + row * stack_bytes, value, f):
+                    shift = False
+            fillers = (0 if match else stack_max) + (0 if shift else stack_max - 1)
+            back = 1 if shift else stack_max
+        a.plan[2 * row] = <int32_t>fillers
+        a.plan[2 * row + 1] = <int32_t>back
+        total += fillers + 1
+    if total > size:
+        return ST_LANE_FULL
+    # 2. Say what we are about to do, so a repairer can undo it.
+    h.pending_lane = <uint64_t>a.lane + 1
+    h.pending_start = <uint64_t>head
+    h.pending_count = <uint64_t>total
+    h.pending_old_next = <uint64_t>head
+    h.pending_old_stored = lane.filled
+    h.pending_old_rows_added = h.rows_added
+    h.pending_old_max_priority = h.max_priority
+    publish(&h.op, OP_ADD)
+    # 3. Evict every row that reads a slot about to be written: rows in those slots, and rows
+    #    just past them whose stacks reach back into them (a row reaches back its link plus
+    #    stack - 1 slots).
+    reach = min(total + 2 * stack_max, size)
+    for k in range(reach):
+        slot = first + (head + k) % size
+        link = link_of(view, slot)[0]
+        if link < 1:
+            continue
+        if k >= total:
+            distance = k - (total - 1)
+            if not a.frame_count or distance > link + stack_max - 1:
+                continue
+        evict(view, slot)
+    # 4. Write: each transition's fillers, then its own slot.
+    if a.weights == NULL:
+        weight = pow(max_priority + h.eps, h.alpha)
+    k = 0
+    for row in range(a.count):
+        fillers = a.plan[2 * row]
+        back = a.plan[2 * row + 1]
+        for delta in range(fillers, -1, -1):
+            slot = first + (head + k) % size
+            record = view.rows + slot * view.stride
+            generation = <uint64_t*>record
+            generation[0] = (generation[0] | 1) + 1
+            for column in range(view.column_count):
+                if frame_mask >> column & 1:
+                    continue
+                field = view.row_bytes[column]
+                if delta == 0:
+                    memcpy(record + view.columns[column], a.sources[column] + row * field,
+                           <size_t>field)
+                else:
+                    memset(record + view.columns[column], 0, <size_t>field)
+            write_frames(view, record, delta, back, row, a)
+            if delta == 0:
+                link_of(view, slot)[0] = <int32_t>back
+                if a.weights != NULL:
+                    weight = a.weights[row]
+                view.tree.sums[slot] = weight if weight > 0.0 else unset_leaf()
+            else:
+                link_of(view, slot)[0] = LINK_FILLER
+                view.tree.sums[slot] = unset_leaf()
+            k += 1
+    # 5. Commit.
+    if head + reach <= size:
+        tree_refresh_range(&view.tree, first + head, reach)
+    else:
+        tree_refresh_range(&view.tree, first + head, size - head)
+        tree_refresh_range(&view.tree, first, head + reach - size)
+    if a.priorities != NULL:
+        for row in range(a.count):
+            if a.priorities[row] > max_priority:
+                max_priority = a.priorities[row]
+        h.max_priority = max_priority
+    for c in range(a.frame_count):
+        f = &a.frames[c]
+        stack_bytes = f.stack * f.plane_bytes
+        memcpy(f.cache, (f.nexts if f.has_next else f.values) + (a.count - 1) * stack_bytes,
+               <size_t>stack_bytes)
+    lane.head = <uint64_t>((head + total) % size)
+    lane.filled = min(lane.filled + <uint64_t>total, <uint64_t>size)
+    lane.writes += <uint64_t>total
+    a.cache_writes[0] = lane.writes
+    h.stored_size = min(h.stored_size + <uint64_t>a.count, <uint64_t>view.capacity)
+    h.rows_added += <uint64_t>a.count
+    publish(&h.op, OP_NONE)
+    return first + (head + a.plan[0]) % size
+
+
+cdef int64_t lanes_gather(StoreView* view, const int64_t* indexes, int64_t batch,
+                          uint64_t* generations, uint8_t** outputs, FrameColumn* frames,
+                          int frame_count) noexcept nogil:
+    """Copy rows `indexes` out: plain columns into `outputs` (by store column), stacks into
+    each frame column's out_values / out_nexts. Returns `batch`, or ST_CORRUPT for an index
+    that is not a live row or a link no add writes."""
+    cdef const uint8_t* planes[MAX_STACK]
+    cdef int64_t k, slot, link, lane, first, size, rel, j, c, column, field, stack_size
+    cdef int64_t stack_max = 1, stack_bytes
+    cdef uint64_t frame_mask = 0
+    cdef const uint8_t* record
+    cdef FrameColumn* f
+    for c in range(frame_count):
+        stack_max = max(stack_max, frames[c].stack)
+        frame_mask |= (<uint64_t>1) << frames[c].column
+    for k in range(batch):
+        slot = indexes[k]
+        if slot < 0 or slot >= view.capacity:
+            return ST_CORRUPT
+        link = link_of(view, slot)[0]
+        if link < 1 or link > stack_max:
+            return ST_CORRUPT
+        lane = lane_of(view, slot)
+        first = lane_start(view, lane)
+        size = lane_start(view, lane + 1) - first
+        rel = slot - first
+        record = view.rows + slot * view.stride
+        generations[k] = (<const uint64_t*>record)[0]
+        for column in range(view.column_count):
+            if frame_mask >> column & 1:
+                continue
+            field = view.row_bytes[column]
+            memcpy(outputs[column] + k * field, record + view.columns[column], <size_t>field)
+        for c in range(frame_count):
+            f = &frames[c]
+            stack_size = f.stack
+            stack_bytes = stack_size * f.plane_bytes
+            for j in range(stack_size):
+                planes[j] = (view.rows + (first + (rel - (stack_size - 1 - j) + size) % size)
+                             * view.stride + view.columns[f.column])
+            if f.has_next:
+                interleave(f.out_nexts + k * stack_bytes, planes, f)
+                for j in range(stack_size):
+                    planes[j] = (view.rows
+                                 + (first + (rel - link - (stack_size - 1 - j) + 2 * size) % size)
+                                 * view.stride + view.columns[f.column])
+            interleave(f.out_values + k * stack_bytes, planes, f)
+    return batch
+
+
+cdef int64_t lanes_live(StoreView* view, int64_t* indexes, int64_t room) noexcept nogil:
+    """The slots of live rows, in slot order (at most `room`); returns how many."""
+    cdef int64_t slot, found = 0
+    for slot in range(view.capacity):
+        if found == room:
+            break
+        if link_of(view, slot)[0] >= 1 and not generation_at(view, slot)[0] & 1:
+            indexes[found] = slot
+            found += 1
+    return found

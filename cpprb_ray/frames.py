@@ -1,0 +1,367 @@
+"""Lanes and frame columns: cpprb's ``next_of`` and ``stack_compress``, with many writers.
+
+A laned buffer's ring is split into ``lanes`` contiguous sub-rings under one tree. A handle
+claims a free lane on its first add (or the lane of a dead owner) and is its writer until it
+closes or its process ends; more concurrent writers than lanes get a clear error at that add.
+
+Frame columns keep one plane per slot. ``next_of="obs"``: ``next_obs`` is not stored, it is the
+obs of the slot after; ``stack_compress="obs"``: obs's last axis is a frame stack, and a slot
+keeps only its newest frame. What is not in the lane already (a reset, a new episode, a next
+stack that does not continue the obs) is written as filler slots, so ``sample`` returns every
+column exactly as it was added; a row whose frames the ring overwrote is never returned. The
+kernels are in :mod:`cpprb_ray._lanes`; docs/frames.md has the layout and the figures.
+
+Examples
+--------
+>>> import numpy as np
+>>> from cpprb_ray import ReplayBuffer
+>>> env = {"obs": {"shape": (2, 2, 3), "dtype": np.uint8}, "act": {"dtype": np.int64}}
+>>> frames = np.arange(10 * 4, dtype=np.uint8).reshape(10, 2, 2)
+>>> stack = lambda t: np.stack([frames[t + j] for j in range(3)], axis=-1)
+>>> with ReplayBuffer(64, env, next_of="obs", stack_compress="obs", seed=0) as rb:
+...     for t in range(5):
+...         _ = rb.add(obs=stack(t), act=t, next_obs=stack(t + 1))
+...     batch = rb.sample(8)
+...     exact = all((batch["obs"][k] == stack(a)).all() and
+...                 (batch["next_obs"][k] == stack(a + 1)).all()
+...                 for k, a in enumerate(batch["act"].ravel()))
+...     print(rb.get_stored_size(), exact, sorted(rb.env_dict))
+5 True ['act', 'next_obs', 'obs']
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from cpprb_ray import _proc, _rules
+from cpprb_ray._layout import Column
+
+MAX_STACK = 64          # planes per stack (_lanes.pyx)
+MAX_FRAME_COLUMNS = 8   # frame columns per buffer (_lanes.pxd)
+MIN_LANE_SLOTS = 4      # a lane holds at least this many stacks' worth of slots
+
+Names = Union[None, str, Sequence[str]]
+
+
+def _names(value: Names, argument: str, known: Sequence[str]) -> List[str]:
+    if value is None:
+        return []
+    names = [value] if isinstance(value, str) else list(value)
+    for name in names:
+        if not isinstance(name, str) or name not in known:
+            raise ValueError(f"{argument} must name env_dict keys ({sorted(known)}); got "
+                             f"{name!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{argument} names a key twice: {names}")
+    return names
+
+
+def _pid_namespace_id() -> int:
+    """This process's pid namespace as a number (0 where /proc does not say)."""
+    text = _proc.pid_namespace() or ""
+    digits = "".join(ch for ch in text if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+class FrameColumn:
+    """One frame column: its public name, stack (planes per value), next column's name (or
+    None) and public shape and dtype; the store keeps one plane of it per slot."""
+
+    __slots__ = ("name", "stack", "next", "shape", "dtype")
+
+    def __init__(self, name: str, stack: int, next_name: Optional[str],
+                 shape: Tuple[int, ...], dtype: np.dtype):
+        self.name = name
+        self.stack = stack
+        self.next = next_name
+        self.shape = shape
+        self.dtype = dtype
+
+    @property
+    def plane_shape(self) -> Tuple[int, ...]:
+        return self.shape[:-1] if self.stack > 1 else self.shape
+
+
+class LaneConfig:
+    """A laned buffer's configuration: lanes, frame columns, and the public columns (what add
+    takes and sample returns, in env_dict order: next columns included)."""
+
+    def __init__(self, count: int, frames: List[FrameColumn], uniform: bool,
+                 public: List[Tuple[str, Tuple[int, ...], np.dtype]]):
+        self.count = count
+        self.frames = frames
+        self.uniform = uniform
+        self.public = public
+
+    @classmethod
+    def plan(cls, columns: List[Column], capacity: int, prioritized: bool, next_of: Names,
+             stack_compress: Names, lanes: Any) -> Tuple[List[Column], Optional[LaneConfig]]:
+        """(stored columns, config) for a new buffer; (columns, None) without lanes or frames.
+
+        ``next_of`` names columns whose ``next_<name>`` is derived (it may be in env_dict too,
+        with the same shape and dtype, as cpprb lets it be); ``stack_compress`` names columns
+        whose last axis is a frame stack.
+
+        Examples
+        --------
+        >>> from cpprb_ray._layout import parse_env_dict
+        >>> columns = parse_env_dict({"obs": {"shape": (84, 84, 4), "dtype": "uint8"},
+        ...                           "act": {}})
+        >>> stored, config = LaneConfig.plan(columns, 1024, True, "obs", "obs", 2)
+        >>> [(c.name, c.shape) for c in stored], config.count
+        ([('obs', (84, 84)), ('act', (1,))], 2)
+        >>> [name for name, _, _ in config.public]
+        ['obs', 'act', 'next_obs']
+        """
+        names = [c.name for c in columns]
+        next_names = _names(next_of, "next_of", names)
+        stacked = _names(stack_compress, "stack_compress", names)
+        if lanes is None and not next_names and not stacked:
+            return columns, None
+        count = 1 if lanes is None else _rules.as_count(lanes, "lanes")
+        if count < 1:
+            raise ValueError(f"lanes must be >= 1; got {lanes}")
+        by_name = {c.name: c for c in columns}
+        frames: List[FrameColumn] = []
+        for name in names:
+            if name not in next_names and name not in stacked:
+                continue
+            column = by_name[name]
+            stack = 1
+            if name in stacked:
+                if not column.shape or column.shape[-1] < 1:
+                    raise ValueError(f"stack_compress: column {name!r} needs a last axis (its "
+                                     f"frame stack); got shape {column.shape}")
+                stack = column.shape[-1]
+                if stack > MAX_STACK:
+                    raise ValueError(f"stack_compress: column {name!r} stacks {stack} frames; "
+                                     f"at most {MAX_STACK}")
+            next_name = None
+            if name in next_names:
+                next_name = "next_" + name
+                twin = by_name.get(next_name)
+                if twin is not None and (twin.shape != column.shape or twin.dtype != column.dtype):
+                    raise ValueError(f"next_of: env_dict[{next_name!r}] must match "
+                                     f"env_dict[{name!r}] (shape {column.shape}, dtype "
+                                     f"{column.dtype}); got {twin.shape} {twin.dtype}")
+            frames.append(FrameColumn(name, stack, next_name, column.shape, column.dtype))
+        if len(frames) > MAX_FRAME_COLUMNS:
+            raise ValueError(f"at most {MAX_FRAME_COLUMNS} next_of/stack_compress columns; got "
+                             f"{len(frames)}")
+        stack_max = max([f.stack for f in frames] + [1])
+        lane_slots = capacity // count
+        needed = MIN_LANE_SLOTS * stack_max if frames else 1
+        if lane_slots < needed:
+            raise ValueError(f"size {capacity} with lanes={count} leaves {lane_slots} slots per "
+                             f"lane; each lane needs at least {needed} (stack {stack_max}); "
+                             f"use fewer lanes or a larger size")
+        derived = {f.next for f in frames if f.next is not None}
+        framed = {f.name: f for f in frames}
+        public = [(c.name, c.shape, c.dtype) for c in columns]
+        public += [(f.next, f.shape, f.dtype) for f in frames
+                   if f.next is not None and f.next not in by_name]
+        stored = [Column(c.name, c.dtype, framed[c.name].plane_shape) if c.name in framed
+                  else c for c in columns if c.name not in derived]
+        return stored, cls(count, frames, not prioritized, public)
+
+    def to_meta(self) -> Dict[str, Any]:
+        return {"count": self.count, "uniform": self.uniform,
+                "frames": [{"name": f.name, "stack": f.stack, "next": f.next} for f in self.frames],
+                "public": [{"name": name, "shape": list(shape), "dtype": dtype.str}
+                           for name, shape, dtype in self.public]}
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any], stored: List[Column],
+                  location: str) -> Optional[LaneConfig]:
+        """The config a segment's layout records, checked against its stored columns (the
+        kernels index with it); None when it has no lanes."""
+        lanes = meta.get("lanes")
+        if lanes is None:
+            return None
+        by_name = {c.name: c for c in stored}
+        try:
+            public = [(str(e["name"]), tuple(int(d) for d in e["shape"]), np.dtype(e["dtype"]))
+                      for e in lanes["public"]]
+            shapes = {name: (shape, dtype) for name, shape, dtype in public}
+            frames = []
+            for entry in lanes["frames"]:
+                name, stack = str(entry["name"]), int(entry["stack"])
+                next_name = None if entry["next"] is None else str(entry["next"])
+                shape, dtype = shapes[name]
+                frame = FrameColumn(name, stack, next_name, shape, dtype)
+                column = by_name[name]
+                if (not 1 <= stack <= MAX_STACK or (stack > 1 and shape[-1] != stack)
+                        or column.shape != frame.plane_shape or column.dtype != dtype
+                        or (next_name is not None and shapes.get(next_name) != (shape, dtype))):
+                    raise ValueError(f"frame column {name!r} does not match its column")
+                frames.append(frame)
+            if len(frames) > MAX_FRAME_COLUMNS:
+                raise ValueError("too many frame columns")
+            config = cls(int(lanes["count"]), frames, bool(lanes["uniform"]), public)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{location!r} is not a valid cpprb_ray buffer: unreadable lanes "
+                             f"({error})") from None
+        return config
+
+    def store_specs(self, stored: List[Column]) -> List[Tuple[int, int, int, int, bool]]:
+        """(store column, stack, plane bytes, item bytes, has next) per frame column, for
+        ReplayStore.bind_lanes."""
+        index = {c.name: k for k, c in enumerate(stored)}
+        return [(index[f.name], f.stack, stored[index[f.name]].row_bytes, f.dtype.itemsize,
+                 f.next is not None) for f in self.frames]
+
+    def check_lane_size(self, capacity: int, location: str) -> None:
+        stack_max = max([f.stack for f in self.frames] + [1])
+        needed = MIN_LANE_SLOTS * stack_max if self.frames else 1
+        if capacity // self.count < needed:
+            raise ValueError(f"{location!r} is not a valid cpprb_ray buffer: lanes of "
+                             f"{capacity // self.count} slots for stacks of {stack_max}")
+
+
+class LaneWriter:
+    """One handle's side of a laned buffer: its lane (claimed on the first add), the cached
+    stacks that end it, and the staging of add's and sample's arrays."""
+
+    def __init__(self, store: Any, config: LaneConfig, stored: List[Column]):
+        self._store = store
+        self._config = config
+        self._stored = stored
+        self._framed = {f.name: f for f in config.frames}
+        self._next_names = {f.next for f in config.frames if f.next is not None}
+        self._public_names = frozenset(name for name, _, _ in config.public)
+        self._token = secrets.randbits(63) | 1
+        self._lane: Optional[int] = None
+        self._pid = os.getpid()
+        self._cache_writes = np.zeros(1, dtype=np.uint64)
+        self._caches = [np.empty(f.shape, dtype=f.dtype) for f in config.frames]
+
+    @property
+    def public(self) -> List[Tuple[str, Tuple[int, ...], np.dtype]]:
+        """The columns add takes and sample returns: (name, shape, dtype), env_dict order."""
+        return self._config.public
+
+    @property
+    def lane(self) -> Optional[int]:
+        """The lane this handle writes (None before its first add)."""
+        return self._lane if self._pid == os.getpid() else None
+
+    # -- lanes ------------------------------------------------------------------------------
+
+    def _claim(self) -> int:
+        if self._pid != os.getpid():
+            # A forked child: the lane and the cache are the parent's.
+            self._pid = os.getpid()
+            self._lane = None
+            self._token = secrets.randbits(63) | 1
+            self._cache_writes[0] = 0
+        if self._lane is not None:
+            return self._lane
+        pid = os.getpid()
+        start = _proc.process_start_time(pid) or 0
+        namespace = _pid_namespace_id()
+        dead = []
+        for lane, (owner, owner_start, token, owner_namespace) in enumerate(
+                self._store.lane_owners().tolist()):
+            # An owner in another pid namespace (a container sharing /dev/shm) is invisible in
+            # our /proc: it is never judged dead from here.
+            if owner == 0 or owner_namespace != namespace:
+                continue
+            now = _proc.process_start_time(owner)
+            if now is None or (owner_start and now != owner_start) or _proc.process_is_zombie(
+                    owner):
+                dead.append((lane, owner, owner_start, token))
+        table = np.array(dead, dtype=np.uint64).reshape(-1, 4)
+        self._lane = int(self._store.claim_lane(pid, start, self._token, namespace, table))
+        self._cache_writes[0] = 0
+        return self._lane
+
+    def release(self) -> None:
+        """Free this handle's lane (its rows stay); a no-op before the first add."""
+        if self._lane is not None and self._pid == os.getpid():
+            self._store.release_lane(self._lane, self._token)
+        self._lane = None
+
+    # -- add --------------------------------------------------------------------------------
+
+    def _stage(self, name: str, value: Any, shape: Tuple[int, ...], dtype: np.dtype):
+        array = value if type(value) is np.ndarray else np.asarray(value)
+        if array.dtype != dtype:
+            if not _rules.can_cast(array.dtype, dtype):
+                raise _rules.cast_error(name, dtype, array.dtype)
+        rows = _rules.rows_of(array.shape, shape)
+        if rows < 0:
+            raise _rules.shape_error(name, shape, array.shape)
+        return np.ascontiguousarray(array.reshape((rows,) + shape), dtype=dtype)
+
+    def add(self, columns: Dict[str, Any], priorities: Any, timeout: Optional[float]) -> int:
+        if len(columns) != len(self._public_names) or set(columns) != self._public_names:
+            missing = sorted(self._public_names - set(columns))
+            unknown = sorted(set(columns) - self._public_names)
+            raise ValueError(f"add needs exactly the columns {sorted(self._public_names)}; "
+                             f"missing {missing}, unknown {unknown}")
+        staged = {}
+        count = -1
+        for name, shape, dtype in self._config.public:
+            array = self._stage(name, columns[name], shape, dtype)
+            if count < 0:
+                count = array.shape[0]
+            elif array.shape[0] != count:
+                raise ValueError(f"column {name!r} has {array.shape[0]} rows, the others "
+                                 f"{count}")
+            staged[name] = array
+        if count == 0:
+            raise ValueError("add needs at least one row")
+        if priorities is not None:
+            priorities = _rules.real_vector(priorities, count, "priorities")
+        values = [None if c.name in self._framed else staged[c.name] for c in self._stored]
+        stacks = [(staged[f.name], None if f.next is None else staged[f.next], cache)
+                  for f, cache in zip(self._config.frames, self._caches)]
+        lane = self._claim()
+        return int(self._store.add_lanes(lane, self._token, count, values, stacks, priorities,
+                                         self._cache_writes, timeout))
+
+    # -- sample -----------------------------------------------------------------------------
+
+    def _outputs(self, batch: int, out: Optional[Mapping[str, np.ndarray]]):
+        result: Dict[str, np.ndarray] = {}
+        wanted = [(name, (batch,) + shape, dtype) for name, shape, dtype in self._config.public]
+        wanted += [("indexes", (batch,), np.dtype(np.int64)),
+                   ("weights", (batch,), np.dtype(np.float32)),
+                   ("generations", (batch,), np.dtype(np.uint64))]
+        if out is not None and not isinstance(out, Mapping):
+            raise TypeError(f"out must be a dict of arrays; got {type(out).__name__}")
+        for name, shape, dtype in wanted:
+            if out is None:
+                result[name] = np.empty(shape, dtype=dtype)
+                continue
+            array = out.get(name)
+            if (type(array) is not np.ndarray or array.shape != shape or array.dtype != dtype
+                    or not array.flags.c_contiguous or not array.flags.writeable):
+                raise ValueError(f"out[{name!r}] must be a writable C-contiguous {dtype} array "
+                                 f"of shape {shape}")
+            result[name] = array
+        outputs = [None if c.name in self._framed else result[c.name] for c in self._stored]
+        stacks = [(result[f.name], None if f.next is None else result[f.next])
+                  for f in self._config.frames]
+        return result, outputs, stacks
+
+    def sample(self, batch: int, beta: float, out: Optional[Mapping[str, np.ndarray]],
+               timeout: Optional[float]) -> Dict[str, np.ndarray]:
+        result, outputs, stacks = self._outputs(batch, out)
+        self._store.sample_lanes(batch, beta, outputs, stacks, result["indexes"],
+                                 result["weights"], result["generations"], timeout)
+        return result
+
+    def all_rows(self, room: int) -> Dict[str, np.ndarray]:
+        """Every live row (at most `room`), in slot order."""
+        result, outputs, stacks = self._outputs(max(room, 1), None)
+        found = 0
+        if room > 0:
+            found = self._store.sample_lanes(room, 0.0, outputs, stacks, result["indexes"],
+                                             result["weights"], result["generations"],
+                                             every_row=True)
+        return {name: result[name][:found] for name, _, _ in self._config.public}
