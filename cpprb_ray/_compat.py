@@ -169,7 +169,7 @@ def shuffled(transitions: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     (True, [0, 1, 2, 3, 4])
     """
     count = len(next(iter(transitions.values()))) if transitions else 0
-    order = np.random.permutation(count)
+    order = np.random.permutation(count)  # noqa: NPY002 (cpprb's global random state)
     return {name: column[order] for name, column in transitions.items()}
 
 
@@ -188,8 +188,11 @@ def save_transitions(transitions: Dict[str, np.ndarray], file: Any, *, nstep: bo
     """
     if isinstance(file, (str, os.PathLike)):
         file = os.fspath(file)
-    np.savez_compressed(file, safe=True, version=TRANSITIONS_VERSION, data=transitions,
-                        Nstep=nstep, cache=None, next_of=None)
+    # Object entries (the dict, None) as cpprb writes them: pickled 0-d object arrays.
+    members: Dict[str, Any] = {"safe": True, "version": TRANSITIONS_VERSION,
+                               "data": transitions, "Nstep": nstep, "cache": None,
+                               "next_of": None}
+    np.savez_compressed(file, **members)
 
 
 # What a transitions file's pickles may name: numpy's array reconstruction, nothing else (a
@@ -269,7 +272,7 @@ def check_context(ctx: Any) -> None:
     >>> check_context("spawn")
     Traceback (most recent call last):
     ...
-    TypeError: ctx must be None, a multiprocessing context (multiprocessing.get_context()) or a SyncManager; got str
+    TypeError: ctx must be None, a multiprocessing context ... or a SyncManager; got str
     """
     import multiprocessing.context
     import multiprocessing.managers

@@ -18,8 +18,17 @@ from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
-from cpprb_ray import (_compat, _layout, _memory, _proc, _rules, _store, checkpoint, nstep,
-                       rate_limiters)
+from cpprb_ray import (
+    _compat,
+    _layout,
+    _memory,
+    _proc,
+    _rules,
+    _store,
+    checkpoint,
+    nstep,
+    rate_limiters,
+)
 from cpprb_ray._ownership import Ownership
 
 __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]

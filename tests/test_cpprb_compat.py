@@ -19,8 +19,12 @@ import numpy as np
 import pytest
 
 import cpprb_ray
-from cpprb_ray import (MPPrioritizedReplayBuffer, MPReplayBuffer, PrioritizedReplayBuffer,
-                       ReplayBuffer)
+from cpprb_ray import (
+    MPPrioritizedReplayBuffer,
+    MPReplayBuffer,
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+)
 
 ENV = {"obs": {"shape": 3}, "act": {"dtype": np.int64}, "rew": {}, "done": {}}
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
@@ -34,7 +38,7 @@ def steps(count, start=0):
             "rew": values * 0.25, "done": (values % 4 == 3).astype(float)}
 
 
-# -- size, env_dict, default_dtype ----------------------------------------------------------------
+# -- size, env_dict, default_dtype -----------------------------------------------------------------
 
 def test_float_size_with_a_whole_value_is_rows():
     with PrioritizedReplayBuffer(1e3, {"obs": {}}) as rb, ReplayBuffer(64.0, {"obs": {}}) as ub:
@@ -104,7 +108,7 @@ def test_unknown_arguments_are_still_refused():
         PrioritizedReplayBuffer(8, {"obs": {}}, alhpa=0.5)
 
 
-# -- check_for_update -----------------------------------------------------------------------------
+# -- check_for_update ------------------------------------------------------------------------------
 
 def test_check_for_update_skips_slots_written_since_the_sample():
     with PrioritizedReplayBuffer(4, {"obs": {}}, check_for_update=True, seed=0) as rb:
@@ -158,15 +162,15 @@ def test_mp_prioritized_views_check_for_updates_too():
         MPPrioritizedReplayBuffer(4, {"obs": {}}, check_for_update=False)
 
 
-# -- get_all_transitions(shuffle=), is_Nstep, get_current_episode_len -----------------------------
+# -- get_all_transitions(shuffle=), is_Nstep, get_current_episode_len ------------------------------
 
 def test_get_all_transitions_shuffle():
     with ReplayBuffer(16, ENV) as rb:
         rb.add(**steps(10))
         ordered = rb.get_all_transitions()
-        np.random.seed(3)
+        np.random.seed(3)  # noqa: NPY002 (shuffle uses numpy's global state, as cpprb)
         mixed = rb.get_all_transitions(shuffle=True)
-        np.random.seed(3)
+        np.random.seed(3)  # noqa: NPY002 (shuffle uses numpy's global state, as cpprb)
         again = rb.get_all_transitions(shuffle=True)
         with pytest.raises(TypeError, match="shuffle must be a bool"):
             rb.get_all_transitions(shuffle="yes")
@@ -188,7 +192,7 @@ def test_is_nstep_and_episode_length():
         assert plain.is_Nstep() is False
 
 
-# -- MP names ---------------------------------------------------------------------------------
+# -- MP names --------------------------------------------------------------------------------------
 
 def test_mp_names_take_cpprbs_arguments():
     assert cpprb_ray.MPReplayBuffer is MPReplayBuffer
@@ -224,7 +228,7 @@ def test_mp_buffer_shared_with_a_spawned_child():
         assert rb.get_all_transitions()["obs"].ravel().tolist() == [1.0, 2.0, 3.0]
 
 
-# -- transitions files ------------------------------------------------------------------------------
+# -- transitions files -----------------------------------------------------------------------------
 
 def test_transitions_round_trip_keeps_dtypes_and_order(tmp_path):
     file = tmp_path / "t.npz"
@@ -304,7 +308,7 @@ def test_a_crafted_transitions_file_cannot_run_code(tmp_path):
         assert rb.get_stored_size() == 0
 
 
-# -- cpprb side by side -------------------------------------------------------------------------------
+# -- cpprb side by side ----------------------------------------------------------------------------
 
 def test_files_move_between_cpprb_and_cpprb_ray(tmp_path):
     cpprb = pytest.importorskip("cpprb")

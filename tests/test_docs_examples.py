@@ -77,9 +77,11 @@ def _close_buffers(namespace: dict) -> None:
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_CODE)
-def test_page_examples_run(page, tmp_path, monkeypatch):
+def test_page_examples_run(page, tmp_path, monkeypatch, request):
     if page == "docs/migrating.md":
         pytest.importorskip("cpprb")   # its examples run cpprb beside cpprb_ray
+    if page == "docs/ray.md":
+        request.getfixturevalue("ray_session")   # the session's one Ray runtime (conftest)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
     ran = 0
