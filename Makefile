@@ -7,6 +7,7 @@
 #   make test37       the whole suite on CPython 3.7 (Cython 3.0, numpy 1.21, ray 2.7.2)
 #   make wheel-check  sdist -> wheel, installed in a venv without Cython, smoke-tested
 #   make lint         ruff, mypy, stubtest and cython-lint
+#   make docs         the documentation site, docs/_build/html (sphinx -W: a warning fails it)
 #   make bench-peers  .venv-tianshou and .venv-torchrl, for benchmarks/bench_buffer.py's peers
 #   make clean        build outputs;  make distclean: also every .venv*
 #
@@ -50,10 +51,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: help venv test test-debug test-asan test37 venv37 wheel-check demo lint bench-peers clean distclean
+.PHONY: help venv test test-debug test-asan test37 venv37 wheel-check demo lint docs bench-peers clean distclean
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------------------------------------
 # .venv: Python 3.11, editable install with the extensions built in place.
@@ -99,6 +100,18 @@ lint: venv
 	.venv/bin/python -m mypy.stubtest cpprb_ray --allowlist .ci/stubtest-allowlist.txt
 	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/cython-lint --max-line-length 100 \
 	    cpprb_ray/*.pyx cpprb_ray/*.pxd
+
+# The documentation site: Sphinx with MyST (the pages stay Markdown) and autodoc over the
+# docstrings, strict (-W: any warning fails the build). Sphinx comes with the "docs" extra,
+# installed into .venv once (its own stamp, so `make venv` stays as it was).
+.venv/.docs: .venv/.deps pyproject.toml
+	.venv/bin/python -m pip install $(PIP_FLAGS) sphinx myst-parser   # pyproject's docs extra
+	touch $@
+
+docs: venv .venv/.docs
+	rm -rf docs/_build/html
+	.venv/bin/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "== docs/_build/html/index.html"
 
 # ---------------------------------------------------------------------------------------------
 # Debug build: CPPRB_RAY_DEBUG=1 (boundscheck, wraparound, initializedcheck, -O0 -g -UNDEBUG),
@@ -278,7 +291,7 @@ bench-peers: .venv-tianshou/.deps .venv-torchrl/.deps
 # ---------------------------------------------------------------------------------------------
 
 clean:
-	rm -rf build dist *.egg-info .venv-debug .venv-asan .venv-wheel .pytest_cache .hypothesis \
+	rm -rf build dist docs/_build *.egg-info .venv-debug .venv-asan .venv-wheel .pytest_cache .hypothesis \
 	    .mypy_cache .ruff_cache .venv/.built .venv37/.built
 	rm -f $(foreach e,$(EXTENSIONS),cpprb_ray/$(e).c cpprb_ray/$(e).html cpprb_ray/$(e).*.so)
 	find cpprb_ray tests benchmarks -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true

@@ -18,8 +18,18 @@ from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import numpy as np
 
-from cpprb_ray import (_layout, _memory, _proc, _rules, _store, checkpoint, frames, nstep,
-                       rate_limiters)
+from cpprb_ray import (
+    _compat,
+    _layout,
+    _memory,
+    _proc,
+    _rules,
+    _store,
+    checkpoint,
+    frames,
+    nstep,
+    rate_limiters,
+)
 from cpprb_ray._ownership import Ownership
 
 __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
@@ -42,9 +52,12 @@ class ReplayBuffer:
     Parameters
     ----------
     size : int
-        Capacity in rows (> 0). When full, the oldest rows are overwritten.
+        Capacity in rows (> 0). When full, the oldest rows are overwritten. A float with a
+        whole value (cpprb's ``1e6``) is taken as that int.
     env_dict : dict
         ``{key: {"shape": int or tuple (default 1), "dtype": numpy dtype (default float32)}}``.
+    default_dtype : numpy dtype, optional
+        The dtype of every column whose spec names none (cpprb's argument; default float32).
     backend : {"auto", "shm", "mmap"}
         "auto" is "shm" where Python has it (>= 3.8), else "mmap".
     name : str, optional
@@ -92,13 +105,17 @@ class ReplayBuffer:
 
     _prioritized = False
 
+    @_compat.cpprb_arguments
     def __init__(self, size: int, env_dict: Mapping[str, Any], *, backend: str = "auto",
                  name: Optional[str] = None, path: Optional[PathLike] = None,
                  seed: Optional[int] = None, lock_timeout: float = 60.0,
                  Nstep: Optional[Mapping[str, Any]] = None,
                  rate_limiter: Optional[rate_limiters.RateLimiter] = None,
+                 default_dtype: Any = None,
                  next_of: frames.Names = None, stack_compress: frames.Names = None,
                  lanes: Optional[int] = None) -> None:
+        size = _compat.whole_size(size)
+        env_dict = _compat.with_default_dtype(env_dict, default_dtype)
         self._create(size, env_dict, backend, name, path, seed, alpha=0.0, eps=0.0,
                      lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter,
                      next_of=next_of, stack_compress=stack_compress, lanes=lanes)
@@ -641,8 +658,11 @@ class ReplayBuffer:
         if self._nstep is not None:
             self._nstep.flush(self, timeout)
 
-    def get_all_transitions(self) -> Dict[str, np.ndarray]:
+    def get_all_transitions(self, shuffle: bool = False) -> Dict[str, np.ndarray]:
         """Copies of every stored row, in slot order (rows torn by a crashed writer left out).
+
+        ``shuffle=True`` (cpprb's argument): in one random order, drawn from numpy's global
+        random state as cpprb does.
 
         Examples
         --------
@@ -659,7 +679,109 @@ class ReplayBuffer:
         indexes = np.empty(room, dtype=np.int64)
         leaves = np.empty(room, dtype=np.float64)
         copied = self._store.snapshot(outputs, indexes, leaves)
-        return {c.name: out[:copied] for c, out in zip(self._columns, outputs)}
+        transitions = {c.name: out[:copied] for c, out in zip(self._columns, outputs)}
+        if not isinstance(shuffle, (bool, np.bool_)):
+            raise TypeError(f"shuffle must be a bool; got {type(shuffle).__name__}")
+        return _compat.shuffled(transitions) if shuffle else transitions
+
+    # -- cpprb's transitions files and queries ---------------------------------------------
+
+    def save_transitions(self, file: Any, *, safe: bool = True) -> None:
+        """Write every stored row to `file` (a path or a binary file) in cpprb's format.
+
+        The file is what cpprb's ``save_transitions`` writes (an .npz of get_all_transitions,
+        format version 1), so cpprb loads it and :meth:`load_transitions` loads cpprb's.
+        Priorities are not saved (cpprb saves none; :meth:`save` keeps everything). `safe`:
+        cpprb's switch for its raw next_of / stack_compress storage; cpprb_ray always writes
+        the safe form.
+
+        Examples
+        --------
+        >>> import io
+        >>> from cpprb_ray import ReplayBuffer
+        >>> file = io.BytesIO()
+        >>> with ReplayBuffer(8, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=[1.0, 2.0])
+        ...     rb.save_transitions(file)
+        >>> _ = file.seek(0)
+        >>> with ReplayBuffer(8, {"obs": {}}) as copy:
+        ...     copy.load_transitions(file)
+        ...     print(copy.get_all_transitions()["obs"].ravel())
+        [1. 2.]
+        """
+        if not isinstance(safe, (bool, np.bool_)):
+            raise TypeError(f"safe must be a bool; got {type(safe).__name__}")
+        _compat.save_transitions(self.get_all_transitions(), file, nstep=self._nstep is not None)
+
+    def load_transitions(self, file: Any, *, timeout: Optional[float] = None) -> None:
+        """Add the rows of a file that :meth:`save_transitions` or cpprb's wrote.
+
+        Its columns must be this buffer's. Rows go in with :meth:`add` (a prioritized buffer
+        gives them the largest priority seen, as cpprb does); N-step files hold finished
+        transitions, committed as they are (cpprb's, without "discounts", are refused). Only
+        numpy arrays are unpickled from the file: a crafted file cannot run code. `timeout`:
+        as for :meth:`add`. ValueError naming the file and the reason for a file it cannot load.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> from cpprb_ray import PrioritizedReplayBuffer
+        >>> with tempfile.TemporaryDirectory() as directory:
+        ...     file = os.path.join(directory, "transitions.npz")
+        ...     with PrioritizedReplayBuffer(8, {"obs": {}, "act": {"dtype": "int64"}}) as rb:
+        ...         _ = rb.add(obs=[0.5, 1.5], act=[1, 2])
+        ...         rb.save_transitions(file)
+        ...         rb.load_transitions(file)          # appends: 4 rows now
+        ...         print(rb.get_stored_size(), rb.get_all_transitions()["act"].ravel())
+        4 [1 2 1 2]
+        """
+        transitions, saved_nstep = _compat.read_transitions(file)
+        if saved_nstep != (self._nstep is not None):
+            raise ValueError(f"{file!r} holds {'N-step' if saved_nstep else 'plain'} "
+                             f"transitions; this buffer {'has' if self._nstep else 'has no'} "
+                             f"Nstep (cpprb refuses this mismatch too)")
+        if not transitions or len(next(iter(transitions.values()))) == 0:
+            return
+        if self._nstep is not None:
+            rows = _compat.nstep_rows(transitions, self._columns, file)
+            self._commit_rows(rows, None, timeout)
+            return
+        if set(transitions) != self._column_names:
+            raise ValueError(f"{file!r} holds the columns {sorted(transitions)}; this buffer's "
+                             f"are {sorted(self._column_names)}")
+        self.add(timeout=timeout, **transitions)
+
+    def is_Nstep(self) -> bool:
+        """Whether the buffer stores N-step transitions (cpprb's name for ``nstep is not None``).
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> env = {"obs": {}, "rew": {}, "next_obs": {}, "done": {}}
+        >>> spec = {"size": 3, "gamma": 0.99, "rew": "rew", "next": "next_obs"}
+        >>> with ReplayBuffer(8, env, Nstep=spec) as rb, ReplayBuffer(8, env) as plain:
+        ...     print(rb.is_Nstep(), plain.is_Nstep())
+        True False
+        """
+        return self._nstep is not None
+
+    def get_current_episode_len(self) -> int:
+        """cpprb's count of the steps added since the last on_episode_end: not kept here.
+
+        A handle is one of many writers of the segment and does not count the rows of its
+        adds; count the steps in the environment loop.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(8, {"obs": {}}) as rb:
+        ...     rb.get_current_episode_len()
+        Traceback (most recent call last):
+        ...
+        NotImplementedError: get_current_episode_len: cpprb_ray handles do not count ...
+        """
+        raise NotImplementedError("get_current_episode_len: cpprb_ray handles do not count "
+                                  "episode steps; count them in the environment loop")
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -810,13 +932,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     Parameters
     ----------
-    size, env_dict, backend, name, path, seed, Nstep, rate_limiter
+    size, env_dict, backend, name, path, seed, Nstep, rate_limiter, default_dtype
         As for :class:`ReplayBuffer`. With ``Nstep``, the priorities given with a step go
         into the segment with that step's n-step transition.
     alpha : float
         Prioritization exponent, >= 0 (0 is uniform).
     eps : float
         Added to every priority, >= 0.
+    check_for_update : bool
+        cpprb's argument: :meth:`update_priorities` called without `generations` skips every
+        slot written since this handle last sampled it (and any slot it never sampled), as if
+        given the generations that sample returned. A property of this handle: views made by
+        attach or pickling do not check (``MPPrioritizedReplayBuffer`` handles always do).
 
     Examples
     --------
@@ -832,14 +959,23 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     """
 
     _prioritized = True
+    _check_for_update = False
+    _sampled_generations: Optional[_compat.SampledGenerations] = None
 
-    def __init__(self, size: int, env_dict: Mapping[str, Any], *, alpha: float = 0.6,
+    @_compat.cpprb_arguments
+    def __init__(self, size: int, env_dict: Mapping[str, Any], alpha: float = 0.6, *,
                  eps: float = 1e-4, backend: str = "auto", name: Optional[str] = None,
                  path: Optional[PathLike] = None, seed: Optional[int] = None,
                  lock_timeout: float = 60.0, Nstep: Optional[Mapping[str, Any]] = None,
                  rate_limiter: Optional[rate_limiters.RateLimiter] = None,
+                 default_dtype: Any = None, check_for_update: bool = False,
                  next_of: frames.Names = None, stack_compress: frames.Names = None,
                  lanes: Optional[int] = None) -> None:
+        size = _compat.whole_size(size)
+        env_dict = _compat.with_default_dtype(env_dict, default_dtype)
+        if not isinstance(check_for_update, (bool, np.bool_)):
+            raise TypeError(f"check_for_update must be a bool; got "
+                            f"{type(check_for_update).__name__}")
         alpha = _as_real(alpha, "alpha")
         eps = _as_real(eps, "eps")
         if alpha < 0:
@@ -851,6 +987,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps,
                      lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter,
                      next_of=next_of, stack_compress=stack_compress, lanes=lanes)
+        if check_for_update:
+            self._check_for_update = True
 
     def add(self, *, priorities: Any = None, timeout: Optional[float] = None,
             **columns: Any) -> int:
@@ -921,8 +1059,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if beta < 0:
                 raise ValueError(f"beta must be >= 0; got {beta}")
         if self._lanes is not None:
-            return self._lanes.sample(batch, beta, out, timeout)
+            result = self._lanes.sample(batch, beta, out, timeout)
+            return self._remember_sample(result) if self._check_for_update else result
+        if self._check_for_update:
+            return self._remember_sample(self._store.sample(batch, beta, out, timeout))
         return self._store.sample(batch, beta, out, timeout)
+
+    def _remember_sample(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        # check_for_update: keep each sampled slot's generation for update_priorities.
+        if self._sampled_generations is None:
+            self._sampled_generations = _compat.SampledGenerations(self.get_buffer_size())
+        self._sampled_generations.remember(batch["indexes"], batch["generations"])
+        return batch
 
     def update_priorities(self, indexes: Any, priorities: Any,
                           generations: Any = None) -> int:
@@ -943,6 +1091,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         2 5.0
         0
         """
+        if generations is None and self._check_for_update:
+            generations = (np.zeros(len(_rules.index_vector(indexes, "indexes")), np.uint64)
+                           if self._sampled_generations is None
+                           else self._sampled_generations.generations_of(indexes))
         return self._store.update(indexes, priorities, generations)
 
     def get_max_priority(self) -> float:

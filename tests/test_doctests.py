@@ -14,6 +14,7 @@ import inspect
 import pytest
 
 MODULES = ["cpprb_ray", "cpprb_ray.buffer", "cpprb_ray.nstep", "cpprb_ray._orphans",
+           "cpprb_ray._compat", "cpprb_ray.multiprocess",
            "cpprb_ray.rate_limiters", "cpprb_ray._memory", "cpprb_ray._layout",
            "cpprb_ray._ownership", "benchmarks._common", "cpprb_ray.checkpoint",
            "cpprb_ray._atomic", "cpprb_ray.remote", "cpprb_ray._client",
