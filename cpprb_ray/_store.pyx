@@ -1024,10 +1024,13 @@ cdef class ReplayStore:
             # the tree over every index it is given (a header rewritten by a hostile process
             # between this check and the lock must not put one past the tree).
             stored = min(<int64_t>self.view.header.stored_size, self.view.capacity)
+            if self.view.lanes != NULL:
+                stored = self.view.capacity   # a laned buffer's rows lie anywhere
             with nogil:
                 bad = first_out_of_range(<const int64_t*>index_view.buf, count, stored)
             if bad >= 0:
-                raise IndexError(f"indexes must be in [0, stored size {stored}); got "
+                bound = "capacity" if self.view.lanes != NULL else "stored size"
+                raise IndexError(f"indexes must be in [0, {bound} {stored}); got "
                                  f"{(<const int64_t*>index_view.buf)[bad]} at position {bad}")
             # One allocation: the leaf weights, then (for float32 input) the priorities widened.
             scratch = <double*>malloc(2 * count * sizeof(double))

@@ -467,6 +467,20 @@ class ReplayBuffer:
         """
         return None if self._nstep is None else self._nstep.config.as_dict()
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffer's segment: rows, tree and everything else, all reserved at
+        creation (what /dev/shm or the mmap file holds for it).
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(1024, {"obs": {"shape": 4}}) as rb:
+        ...     print(rb.nbytes)
+        45056
+        """
+        return self._layout.total_size
+
     def get_stored_size(self) -> int:
         """Rows stored (at most the buffer size).
 

@@ -1,0 +1,275 @@
+"""Frame columns (next_of, stack_compress) and lanes: every row comes back exactly as its writer
+added it, with many writers, wrap-around, resets, glitches, kills and reclaimed lanes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer, _layout
+from cpprb_ray.frames import LaneConfig
+from tests import _frame_streams as streams
+from tests._workers import Children, tree_problems
+
+CLASSES = [ReplayBuffer, PrioritizedReplayBuffer]
+FRAMED = {"next_of": "obs", "stack_compress": "obs"}
+
+
+def make(cls, size, backend, **options):
+    return cls(size, streams.ENV, backend=backend, seed=1, **dict(FRAMED, **options))
+
+
+def add(rb, rows, random):
+    if isinstance(rb, PrioritizedReplayBuffer):
+        return rb.add(priorities=random.random(len(rows["act"])) + 0.1, **rows)
+    return rb.add(**rows)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_two_streams_wrap_around_and_come_back_exact(cls, backend):
+    # Two handles (the owner and a view) interleave their streams, each in its own lane; the
+    # ring wraps many times; samples along the way and every row at the end are exact.
+    random = np.random.default_rng(0)
+    with make(cls, 256, backend, lanes=2) as rb, cls.attach(rb.name) as view:
+        sources = [streams.Stream(0, 10), streams.Stream(1, 11)]
+        checked = 0
+        for round_ in range(400):
+            for handle, source in zip((rb, view), sources):
+                add(handle, source.transitions(int(random.integers(1, 4))), random)
+            if round_ % 20 == 19:
+                checked += streams.check(rb.sample(64))
+        assert {rb._lanes.lane, view._lanes.lane} == {0, 1}
+        everything = rb.get_all_transitions()
+        streams.check(everything)
+        stored = rb.get_stored_size()
+        assert len(everything["act"]) == stored
+        # Compression: a lane holds a stream's rows plus a few fillers per episode.
+        assert 150 < stored <= 256
+        assert checked == 20 * 64
+        assert tree_problems(rb._store.check_tree()) == []
+
+
+def test_memory_of_the_atari_layout():
+    # uint8 (84, 84, 4) obs, next_obs by next_of, stack_compress: 2**20 rows in <= 7.5 GiB
+    # (55 GiB with both stacks stored whole).
+    env = {"obs": {"shape": (84, 84, 4), "dtype": np.uint8}, "act": {"dtype": np.int64},
+           "rew": {}, "done": {}}
+    columns = _layout.parse_env_dict(env)
+    stored, config = LaneConfig.plan(columns, 2**20, True, "obs", "obs", 4)
+    framed = _layout.plan(2**20, stored, True, "shm", lanes=config.to_meta())
+    whole = _layout.plan(2**20, _layout.parse_env_dict(
+        dict(env, next_obs=env["obs"])), True, "shm")
+    assert framed.total_size <= 7.5 * 2**30
+    assert whole.total_size > 55 * 2**30
+    with ReplayBuffer(64, env, next_of="obs", stack_compress="obs") as rb:
+        assert rb.nbytes == rb._segment.size
+
+
+def test_next_of_alone_and_stack_compress_alone(backend):
+    random = np.random.default_rng(1)
+    env = {"obs": {"shape": (2, 3), "dtype": np.float32}, "act": {"dtype": np.int64}}
+    with ReplayBuffer(64, env, next_of="obs", backend=backend) as rb:
+        for t in range(100):
+            episode_start = t % 9 == 0
+            obs = np.full((2, 3), t, np.float32) + (0.5 if episode_start else 0)
+            rb.add(obs=obs, act=t, next_obs=np.full((2, 3), t + 1, np.float32))
+        batch = rb.sample(32)
+        for k, t in enumerate(batch["act"].ravel()):
+            assert (batch["next_obs"][k] == t + 1).all()
+            assert (batch["obs"][k] == t + (0.5 if t % 9 == 0 else 0)).all()
+    env = {"obs": {"shape": (5, 3), "dtype": np.int32}, "act": {"dtype": np.int64}}
+    with PrioritizedReplayBuffer(64, env, stack_compress="obs", backend=backend) as rb:
+        for t in range(100):
+            obs = np.stack([np.full(5, t - 2 + j + 1000 * (t // 7)) for j in range(3)], -1)
+            rb.add(obs=obs, act=t, priorities=random.random() + 0.1)
+        batch = rb.sample(32)
+        for k, t in enumerate(batch["act"].ravel()):
+            expect = np.stack([np.full(5, t - 2 + j + 1000 * (t // 7)) for j in range(3)], -1)
+            assert (batch["obs"][k] == expect).all()
+        assert "next_obs" not in batch
+
+
+def test_lanes_without_frames_and_too_many_writers(backend):
+    with PrioritizedReplayBuffer(8, {"obs": {}}, lanes=2, backend=backend) as rb, \
+            PrioritizedReplayBuffer.attach(rb.name) as first, \
+            PrioritizedReplayBuffer.attach(rb.name) as second:
+        assert rb.add(obs=[1.0, 2.0]) == 0               # lane 0 is slots [0, 4)
+        assert first.add(obs=[3.0, 4.0, 5.0]) == 4       # lane 1 is [4, 8)
+        assert first.add(obs=[6.0, 7.0]) == 7            # wraps onto slot 4
+        with pytest.raises(RuntimeError, match="lanes"):
+            second.add(obs=9.0)
+        assert rb.get_stored_size() == 6
+        with pytest.raises(ValueError, match="slots"):
+            first.add(obs=np.arange(5.0))                # more rows than a lane has
+        first.close()    # frees its lane; its rows stay
+        assert second.add(obs=9.0) == 5
+        assert sorted(rb.get_all_transitions()["obs"].ravel()) == [1, 2, 5, 6, 7, 9]
+        assert rb.update_priorities([5], [3.0]) == 1
+
+
+def test_priorities_generations_and_eviction(backend):
+    random = np.random.default_rng(2)
+    with make(PrioritizedReplayBuffer, 64, backend) as rb:
+        source = streams.Stream(0, 3, glitches=False)
+        for _ in range(10):
+            add(rb, source.transitions(1), random)
+        batch = rb.sample(16)
+        streams.check(batch)
+        assert rb.update_priorities(batch["indexes"], np.ones(16), batch["generations"]) == 16
+        for _ in range(80):     # the ring moves on: every sampled row is evicted
+            add(rb, source.transitions(1), random)
+        assert rb.update_priorities(batch["indexes"], np.ones(16), batch["generations"]) == 0
+        streams.check(rb.sample(64))
+        rb.clear()
+        assert rb.get_stored_size() == 0
+        with pytest.raises(ValueError, match="empty"):
+            rb.sample(1)
+        add(rb, source.transitions(2), random)
+        streams.check(rb.get_all_transitions())
+        assert rb.get_stored_size() == 2
+
+
+def test_bad_input_leaves_the_buffer_unchanged():
+    with make(PrioritizedReplayBuffer, 64, "auto") as rb:
+        rows = streams.Stream(0, 4).transitions(2)
+        rb.add(**rows)
+        with pytest.raises(ValueError, match="next_obs"):
+            rb.add(**{k: v for k, v in rows.items() if k != "next_obs"})
+        with pytest.raises(ValueError, match="obs"):
+            rb.add(**dict(rows, obs=rows["obs"][:, :1]))
+        with pytest.raises(TypeError, match="obs"):
+            rb.add(**dict(rows, obs=rows["obs"] + 0.5))
+        with pytest.raises(ValueError, match="priorities"):
+            rb.add(priorities=[1.0, -1.0], **rows)
+        with pytest.raises(ValueError, match="rows"):
+            rb.add(**dict(rows, act=[1, 2, 3]))
+        assert rb.get_stored_size() == 2
+        streams.check(rb.get_all_transitions())
+    with pytest.raises(ValueError, match="next_of"):
+        ReplayBuffer(64, streams.ENV, next_of="nope")
+    with pytest.raises(ValueError, match="lanes"):
+        ReplayBuffer(64, streams.ENV, next_of="obs", stack_compress="obs", lanes=8)
+    with pytest.raises(ValueError, match="Nstep"):
+        ReplayBuffer(64, dict(streams.ENV, next_obs=streams.ENV["obs"]), next_of="obs",
+                     Nstep={"size": 3, "gamma": 0.9, "rew": "rew", "next": "next_obs"})
+
+
+def test_sample_out_and_pickle_round_trip():
+    with make(ReplayBuffer, 64, "auto", lanes=2) as rb:
+        rb.add(**streams.Stream(0, 5).transitions(5))
+        first = rb.sample(4)
+        again = rb.sample(4, out=first)
+        assert again["obs"] is first["obs"]
+        streams.check(again)
+        with pickle.loads(pickle.dumps(rb)) as view:
+            view.add(**streams.Stream(1, 6).transitions(3))
+            assert {view._lanes.lane, rb._lanes.lane} == {0, 1}   # a handle of its own
+            streams.check(rb.get_all_transitions())
+            assert rb.get_stored_size() == 8
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_writer_processes_a_learner_and_a_killed_writer(cls, backend):
+    # Three writer processes in three lanes while this process samples, checks and updates;
+    # a writer SIGKILLed mid-stream leaves its rows exact, and a new writer reclaims its lane.
+    context = multiprocessing.get_context("spawn")
+    random = np.random.default_rng(3)
+    with make(cls, 3 * 512, backend, lanes=3) as rb, Children(context) as children:
+        writers = [children.launch(streams.write_until_killed, rb, stream, 100 + stream)
+                   for stream in range(3)]
+        started = []
+        for _, said in writers:
+            assert said.poll(60), "a writer did not start"
+            started.append(said.recv())
+        assert sorted(lane for _, lane in started) == [0, 1, 2]
+        with pytest.raises(RuntimeError, match="lanes"):
+            rb.add(**streams.Stream(9, 9).transitions(1))   # all three lanes are taken
+
+        def learn(seconds):
+            checked = 0
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                batch = rb.sample(32)
+                checked += streams.check(batch)
+                if cls is PrioritizedReplayBuffer:
+                    rb.update_priorities(batch["indexes"], random.random(32) + 0.1,
+                                         batch["generations"])
+            return checked
+
+        assert learn(1.0) > 0
+        (victim, _), (victim_pid, victim_lane) = writers[0], started[0]
+        os.kill(victim_pid, signal.SIGKILL)
+        children.join(victim)
+        # The dead writer's lane goes to the next claimer (the other two are alive).
+        replacement, said = children.launch(streams.write, rb, 3, 103, 1.0)
+        assert said.poll(60), "the replacement writer did not start"
+        assert said.recv() == victim_lane
+        assert learn(0.5) > 0
+        for process, _ in writers[1:]:
+            os.kill(process.pid, signal.SIGKILL)
+            children.join(process)
+        assert said.poll(60)
+        added, lane = said.recv()
+        assert added > 0 and lane == victim_lane
+        children.join(replacement)
+        everything = rb.get_all_transitions()
+        streams.check(everything)
+        assert len(everything["act"]) == rb.get_stored_size()
+        # (The replacement may have overwritten every row the victim left in its lane.)
+        assert {1, 2, 3} <= {(int(a) >> 1) // 10**9 for a in everything["act"].ravel()} \
+            <= {0, 1, 2, 3}
+        assert tree_problems(rb._store.check_tree()) == []
+
+
+def test_writers_killed_mid_add_leave_nothing_torn(backend):
+    # Writers SIGKILLed at random moments of a tight add loop (most land inside an add, many
+    # while holding the lock): the next locker repairs, and every row stays exact.
+    context = multiprocessing.get_context("spawn")
+    random = np.random.default_rng(4)
+    with make(PrioritizedReplayBuffer, 2 * 256, backend, lanes=2) as rb, \
+            Children(context) as children:
+        for round_ in range(6):
+            process, said = children.launch(streams.write_until_killed, rb, round_, 200 + round_)
+            assert said.poll(60)
+            said.recv()
+            time.sleep(float(random.uniform(0.0, 0.05)))
+            os.kill(process.pid, signal.SIGKILL)
+            children.join(process)
+            everything = rb.get_all_transitions()
+            streams.check(everything)
+            assert len(everything["act"]) == rb.get_stored_size()
+            streams.check(rb.sample(64))
+        assert tree_problems(rb._store.check_tree()) == []
+
+
+def test_ray_actors_add_episodes(ray_session, backend):
+    ray = ray_session
+
+    @ray.remote(num_cpus=0)
+    class Writer:
+        def __init__(self, rb, stream):
+            self.rb = rb
+            self.source = streams.Stream(stream, 300 + stream)
+
+        def run(self, count):
+            for _ in range(count):
+                self.rb.add(**self.source.transitions(2))
+            return self.rb._lanes.lane
+
+        def close(self):
+            self.rb.close()
+
+    with make(ReplayBuffer, 2 * 512, backend, lanes=2) as rb:
+        writers = [Writer.remote(rb, stream) for stream in (0, 1)]
+        lanes = ray.get([w.run.remote(100) for w in writers])
+        assert sorted(lanes) == [0, 1]
+        streams.check(rb.get_all_transitions())
+        ray.get([w.close.remote() for w in writers])
+        for w in writers:
+            ray.kill(w)
