@@ -147,21 +147,23 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
     # The JSON holds the columns, the stride and the meta, all final here (not the section
     # offsets, which are in the header), so its length fixes where the rows start.
     lane_bytes = 0
+    lane_meta: Dict[str, Any] = {}
     if lanes is not None:
         # Its offset is in the JSON, whose length decides where the rows start: settle the
         # offset's digits first (the tree's end can only move by a page when they change).
         lane_bytes = LANE_BYTES * int(lanes["count"])
-        meta["lanes"] = dict(lanes, offset=0)
+        lane_meta = dict(lanes, offset=0)
+        meta["lanes"] = lane_meta
         for _ in range(3):
             document = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
             data_offset = _align(_store.LAYOUT_OFFSET + len(document), DATA_ALIGN)
             tree_offset = _align(data_offset + capacity * row_stride, LINE)
-            meta["lanes"]["offset"] = _align(tree_offset + _store.tree_nbytes(capacity), LINE)
+            lane_meta["offset"] = _align(tree_offset + _store.tree_nbytes(capacity), LINE)
     document = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
     data_offset = _align(_store.LAYOUT_OFFSET + len(document), DATA_ALIGN)
     tree_offset = _align(data_offset + capacity * row_stride, LINE)
     tree_end = tree_offset + _store.tree_nbytes(capacity)
-    if lanes is not None and meta["lanes"]["offset"] != _align(tree_end, LINE):
+    if lanes is not None and lane_meta["offset"] != _align(tree_end, LINE):
         raise AssertionError("lane table offset did not settle")  # pragma: no cover
     total_size = _align(_align(tree_end, LINE) + lane_bytes, DATA_ALIGN)
     return Layout(capacity, prioritized, columns, meta, data_offset, row_stride, tree_offset,

@@ -206,7 +206,7 @@ def test_bad_update_keeps_earlier_entries_unapplied(per):
 BAD_CONSTRUCTORS = {
     "size 0": (dict(size=0), ValueError, "size"),
     "size negative": (dict(size=-4), ValueError, "size"),
-    "size float": (dict(size=8.0), TypeError, "size"),
+    "size float": (dict(size=8.5), ValueError, "size"),
     "size bool": (dict(size=True), TypeError, "size"),
     "size str": (dict(size="8"), TypeError, "size"),
     "empty env_dict": (dict(env_dict={}), ValueError, "env_dict"),
