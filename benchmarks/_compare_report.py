@@ -134,7 +134,8 @@ def markdown(payload: Dict[str, Any], detail: bool) -> str:
         named = ", ".join(f"{name} {versions[name]}" for name in (
             "python", "numpy", "cpprb_ray", "cpprb", "ray", "torch", "tianshou", "torchrl",
             "tensordict") if name in versions)
-        out.append(f"- process {group} ({result['interpreter']}): {named}")
+        out.append(f"- process {group} ({result['interpreter']}, {result['wall_s']:.0f} s): "
+                   f"{named}")
     for group, why in payload["skipped"].items():
         out.append(f"- skipped: group {group}: {why}")
     for group, result in payload["groups"].items():

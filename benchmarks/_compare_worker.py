@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import sys
+import time
 from typing import Any, Callable, Dict, List
 
 if __package__:
@@ -102,6 +103,9 @@ def run_group(spec: Dict[str, Any], progress: Callable[[str], None]) -> Dict[str
                 del modules[key]
     cases = [workloads.Case(*case) for case in spec["cases"]]
     rows: List[Dict[str, Any]] = []
+    # Where a process's time goes (fills, input conversion, timing), for a run's own budget.
+    seconds: Dict[str, float] = {}
+    clock = time.perf_counter
     sweep = workloads.sweeper()
     inputs = workloads.Inputs(spec["seed"] + 1)
     for exponent in sorted({case.exponent for case in cases}):
@@ -110,25 +114,35 @@ def run_group(spec: Dict[str, Any], progress: Callable[[str], None]) -> Dict[str
         try:
             for key, module in modules.items():
                 try:
+                    began = clock()
                     adapters[key] = workloads.make(key, module, capacity, spec["seed"])
+                    seconds[f"fill {key} 2^{exponent}"] = clock() - began
                 except MemoryError as error:
                     skipped[f"{key} at 2^{exponent}"] = f"no memory to fill it ({error})"
+            # Filled buffers and input pools (tianshou's Batches, RLlib's lists) are many
+            # objects that live until the capacity is done: out of the collector's sight, so
+            # that the collection before every timed series (common.one_by_one_times) does not
+            # walk them each time.
+            gc.collect()
+            gc.freeze()
             for case in (c for c in cases if c.exponent == exponent):
                 calls = {key: workloads.call(key, adapter, case, inputs)
                          for key, adapter in adapters.items() if workloads.supports(key, case)}
+                began = clock()
                 if calls:
                     rows.extend(case_rows(case, measure_case(calls, case.warmth, spec["plan"],
                                                              sweep)))
-                progress(f"{spec['group']}: {case.label} 2^{exponent} {case.warmth}")
-                gc.collect()
+                label = f"{case.label} 2^{exponent} {case.warmth}"
+                seconds[label] = clock() - began
+                progress(f"{spec['group']}: {label}")
         finally:
-            for key, adapter in adapters.items():
+            gc.unfreeze()
+            for adapter in adapters.values():
                 adapter.close()
-                inputs.forget(key)
             adapters.clear()
             gc.collect()
     return {"group": spec["group"], "versions": versions(modules), "skipped": skipped,
-            "rows": rows}
+            "rows": rows, "seconds": seconds}
 
 
 def case_rows(case: workloads.Case, stats: Dict[str, Dict[str, float]]

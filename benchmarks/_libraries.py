@@ -160,6 +160,7 @@ class TianshouApi:
     """tianshou's PrioritizedReplayBuffer (see the module docstring for the mapping)."""
 
     label = "tianshou"
+    _sources: Dict[Tuple[int, int], Any] = {}
 
     def __init__(self, tianshou: Any, capacity: int, seed: int):
         from tianshou.data import Batch, PrioritizedReplayBuffer, ReplayBuffer
@@ -172,9 +173,14 @@ class TianshouApi:
         # weight. Like common.fill, one chunk of rows is reused; the priorities are fresh.
         chunk = min(FILL_CHUNK, capacity)
         rows = common.random_rows(rng, chunk)
-        source = ReplayBuffer(chunk)
-        for index in range(chunk):
-            source.add(self._row(rows, index))
+        # The source rows depend only on (chunk, seed): made once per process (65,536 single
+        # adds take seconds), for buffers of several capacities.
+        source = self._sources.get((chunk, seed))
+        if source is None:
+            source = ReplayBuffer(chunk)
+            for index in range(chunk):
+                source.add(self._row(rows, index))
+            self._sources[(chunk, seed)] = source
         while len(self.buffer) < capacity:
             self.buffer.update(source)
         assert len(self.buffer) == capacity, "tianshou's buffer did not fill"

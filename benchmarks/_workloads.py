@@ -216,19 +216,19 @@ class Inputs:
         return self._own[cache_key]
 
     def adds(self, key: str, adapter: Any, rows: int) -> Callable[[], Any]:
-        """One add of `rows` rows (1 or 64) to `adapter`, in its library's own input types."""
+        """One add of `rows` rows (1 or 64) to `adapter`, in its library's own input types.
+
+        A peer's converted rows (65,536 tianshou Batches, TensorDicts) do not depend on its
+        buffer, so they are made once and kept for every capacity.
+        """
         if key in ("tianshou", "torchrl"):
             bench = self._own.get(("bench", key))
-            if bench is None or bench.peers[key] is not adapter:
+            if bench is None:
                 bench = headline.Bench(None, None, {key: adapter}, self.rows)
                 self._own[("bench", key)] = bench
+            bench.peers[key] = adapter
             return bench.peer_add(key, rows, False)
         return adapter.add(self.rows.singles if rows == 1 else self.rows.batches)
-
-    def forget(self, key: str) -> None:
-        """Drop library `key`'s converted inputs (its adapter is being closed)."""
-        for cache_key in [k for k in self._own if k[0] == key or k == ("bench", key)]:
-            del self._own[cache_key]
 
 
 def call(key: str, adapter: Any, case: Case, inputs: Inputs) -> Callable[[], Any]:

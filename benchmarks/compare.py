@@ -144,6 +144,7 @@ def run_group(group: str, python: str, cases: List[workloads.Case], plan: Dict[s
     env["PYTHONPATH"] = os.pathsep.join(
         [common.REPO_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = time.perf_counter()
     process = subprocess.Popen([python, WORKER, spec_path, out_path], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, env=env)
     other: List[str] = []
@@ -160,6 +161,7 @@ def run_group(group: str, python: str, cases: List[workloads.Case], plan: Dict[s
     with open(out_path, encoding="utf-8") as handle:
         result = json.load(handle)
     result["interpreter"] = python
+    result["wall_s"] = time.perf_counter() - started
     result["output"] = other[-20:]
     return result, ""
 
