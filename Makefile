@@ -9,6 +9,7 @@
 #   make lint         ruff, mypy, stubtest and cython-lint
 #   make docs         the documentation site, docs/_build/html (sphinx -W: a warning fails it)
 #   make bench-peers  .venv-tianshou and .venv-torchrl, for benchmarks/bench_buffer.py's peers
+#   make compare      benchmarks/compare.py against every peer (COMPARE_FLAGS=--quick: < 3 min)
 #   make clean        build outputs;  make distclean: also every .venv*
 #
 # Virtual environments live in the repository (.venv*/ is gitignored):
@@ -51,7 +52,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: help venv test test-debug test-asan test37 venv37 wheel-check demo lint docs bench-peers clean distclean
+.PHONY: help venv test test-debug test-asan test37 venv37 wheel-check demo lint docs bench-peers compare clean distclean
 
 help:
 	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
@@ -287,6 +288,13 @@ endef
 	$(call peer_venv,.venv-torchrl,$(TORCHRL_PINS))
 
 bench-peers: .venv-tianshou/.deps .venv-torchrl/.deps
+
+# Every microbenchmark side by side, each peer in its venv; report in compare-results/.
+COMPARE_FLAGS ?=
+compare: venv bench-peers
+	.venv/bin/python benchmarks/compare.py $(COMPARE_FLAGS) \
+	    --peer-python tianshou=.venv-tianshou/bin/python \
+	    --peer-python torchrl=.venv-torchrl/bin/python
 
 # ---------------------------------------------------------------------------------------------
 

@@ -89,11 +89,11 @@ class CpprbApi:
             close()
         self.buffer = None
 
-    def sample(self) -> Call:
-        """One ``sample(256, beta)``."""
+    def sample(self, batch: int = BATCH) -> Call:
+        """One ``sample(batch, beta)``."""
         sample = self.buffer.sample
         beta = common.BETA
-        return lambda: sample(BATCH, beta)
+        return lambda: sample(batch, beta)
 
     def sample_out(self) -> Call:
         """One ``sample(256, beta, out=arrays)``, refilling the same arrays every call."""
@@ -104,16 +104,17 @@ class CpprbApi:
         out = sample(BATCH, beta)  # arrays of every key, shape and dtype the sample returns
         return lambda: sample(BATCH, beta, out=out)
 
-    def learner_step(self, priorities: List[np.ndarray]) -> Call:
-        """One sample(256), then update_priorities of its indexes with fresh priorities."""
+    def learner_step(self, priorities: List[np.ndarray], batch: int = BATCH) -> Call:
+        """One sample(batch), then update_priorities of its indexes with fresh priorities
+        (`priorities`: arrays of `batch` entries)."""
         sample, update = self.buffer.sample, self.buffer.update_priorities
         beta = common.BETA
         next_priorities = cycling(priorities)
-        return lambda: update(sample(BATCH, beta)["indexes"], next_priorities())
+        return lambda: update(sample(batch, beta)["indexes"], next_priorities())
 
-    def update(self, priorities: List[np.ndarray], samples: int) -> Call:
+    def update(self, priorities: List[np.ndarray], samples: int, batch: int = BATCH) -> Call:
         """One update_priorities(indexes, priorities): indexes of earlier samples, cycled."""
-        indexes = [self.buffer.sample(BATCH, common.BETA)["indexes"] for _ in range(samples)]
+        indexes = [self.buffer.sample(batch, common.BETA)["indexes"] for _ in range(samples)]
         update = self.buffer.update_priorities
         next_indexes, next_priorities = cycling(_spread(indexes)), cycling(priorities)
         return lambda: update(next_indexes(), next_priorities())
@@ -159,6 +160,7 @@ class TianshouApi:
     """tianshou's PrioritizedReplayBuffer (see the module docstring for the mapping)."""
 
     label = "tianshou"
+    _sources: Dict[Tuple[int, int], Any] = {}
 
     def __init__(self, tianshou: Any, capacity: int, seed: int):
         from tianshou.data import Batch, PrioritizedReplayBuffer, ReplayBuffer
@@ -171,9 +173,14 @@ class TianshouApi:
         # weight. Like common.fill, one chunk of rows is reused; the priorities are fresh.
         chunk = min(FILL_CHUNK, capacity)
         rows = common.random_rows(rng, chunk)
-        source = ReplayBuffer(chunk)
-        for index in range(chunk):
-            source.add(self._row(rows, index))
+        # The source rows depend only on (chunk, seed): made once per process (65,536 single
+        # adds take seconds), for buffers of several capacities.
+        source = self._sources.get((chunk, seed))
+        if source is None:
+            source = ReplayBuffer(chunk)
+            for index in range(chunk):
+                source.add(self._row(rows, index))
+            self._sources[(chunk, seed)] = source
         while len(self.buffer) < capacity:
             self.buffer.update(source)
         assert len(self.buffer) == capacity, "tianshou's buffer did not fill"
@@ -191,20 +198,20 @@ class TianshouApi:
         """Drop the buffer."""
         self.buffer = None
 
-    def sample(self) -> Call:
-        """One ``sample(256)`` (beta was set at construction)."""
+    def sample(self, batch: int = BATCH) -> Call:
+        """One ``sample(batch)`` (beta was set at construction)."""
         sample = self.buffer.sample
-        return lambda: sample(BATCH)
+        return lambda: sample(batch)
 
-    def learner_step(self, priorities: List[np.ndarray]) -> Call:
-        """One sample(256), then update_weight of its indices with fresh priorities."""
+    def learner_step(self, priorities: List[np.ndarray], batch: int = BATCH) -> Call:
+        """One sample(batch), then update_weight of its indices with fresh priorities."""
         sample, update = self.buffer.sample, self.buffer.update_weight
         next_priorities = cycling(priorities)
-        return lambda: update(sample(BATCH)[1], next_priorities())
+        return lambda: update(sample(batch)[1], next_priorities())
 
-    def update(self, priorities: List[np.ndarray], samples: int) -> Call:
+    def update(self, priorities: List[np.ndarray], samples: int, batch: int = BATCH) -> Call:
         """One update_weight(indices, priorities): indices of earlier samples, cycled."""
-        indexes = [self.buffer.sample(BATCH)[1] for _ in range(samples)]
+        indexes = [self.buffer.sample(batch)[1] for _ in range(samples)]
         update = self.buffer.update_weight
         next_indexes, next_priorities = cycling(_spread(indexes)), cycling(priorities)
         return lambda: update(next_indexes(), next_priorities())
@@ -281,20 +288,20 @@ class TorchRLApi:
         """Drop the buffer."""
         self.buffer = None
 
-    def sample(self) -> Call:
-        """One ``sample(256, return_info=True)`` (beta was set at construction)."""
+    def sample(self, batch: int = BATCH) -> Call:
+        """One ``sample(batch, return_info=True)`` (beta was set at construction)."""
         sample = self.buffer.sample
-        return lambda: sample(BATCH, return_info=True)
+        return lambda: sample(batch, return_info=True)
 
-    def learner_step(self, priorities: List[Any]) -> Call:
-        """One sample(256), then update_priority of its indexes with fresh priorities."""
+    def learner_step(self, priorities: List[Any], batch: int = BATCH) -> Call:
+        """One sample(batch), then update_priority of its indexes with fresh priorities."""
         sample, update = self.buffer.sample, self.buffer.update_priority
         next_priorities = cycling(priorities)
-        return lambda: update(sample(BATCH, return_info=True)[1]["index"], next_priorities())
+        return lambda: update(sample(batch, return_info=True)[1]["index"], next_priorities())
 
-    def update(self, priorities: List[Any], samples: int) -> Call:
+    def update(self, priorities: List[Any], samples: int, batch: int = BATCH) -> Call:
         """One update_priority(index, priorities): indexes of earlier samples, cycled."""
-        indexes = [self.buffer.sample(BATCH, return_info=True)[1]["index"]
+        indexes = [self.buffer.sample(batch, return_info=True)[1]["index"]
                    for _ in range(samples)]
         update = self.buffer.update_priority
         next_indexes, next_priorities = cycling(_spread(indexes)), cycling(priorities)
@@ -353,3 +360,11 @@ def make_peer(key: str, module: Any, capacity: int, seed: int) -> Any:
     if key == "torchrl":
         return TorchRLApi(module, capacity, seed)
     raise ValueError(f"unknown peer {key!r}")
+
+
+def make_cpprb_mp(cpprb: Any, capacity: int, seed: int) -> CpprbApi:
+    """cpprb's MPPrioritizedReplayBuffer (its default context and backend), used from this one
+    process, filled with the same rows as ours: what its locks cost a caller on their own."""
+    buffer = cpprb.MPPrioritizedReplayBuffer(
+        capacity, common.env_dict(), alpha=common.ALPHA, eps=common.EPS)
+    return CpprbApi("cpprb MP", buffer, capacity, np.random.default_rng(seed))

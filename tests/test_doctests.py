@@ -18,7 +18,8 @@ MODULES = ["cpprb_ray", "cpprb_ray.buffer", "cpprb_ray.nstep", "cpprb_ray._orpha
            "cpprb_ray.rate_limiters", "cpprb_ray._memory", "cpprb_ray._layout",
            "cpprb_ray._ownership", "benchmarks._common", "cpprb_ray.checkpoint",
            "cpprb_ray._atomic", "cpprb_ray.remote", "cpprb_ray._client",
-           "cpprb_ray._proxy", "benchmarks._two_nodes"]
+           "cpprb_ray._proxy", "benchmarks._two_nodes", "benchmarks._workloads",
+           "benchmarks._compare_worker", "benchmarks._compare_report"]
 EXTENSION_MODULES = ["cpprb_ray._segtree", "cpprb_ray._sync", "cpprb_ray._rules",
                      "cpprb_ray._columns", "cpprb_ray._store"]
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

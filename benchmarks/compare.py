@@ -1,0 +1,328 @@
+"""Every microbenchmark, side by side against every peer installed: one command, one report.
+
+Run from the repository root (cpprb_ray built in place, e.g. by ``make venv``)::
+
+    python benchmarks/compare.py --quick               # under 3 minutes
+    python benchmarks/compare.py --out DIR             # the full grid (long)
+    python benchmarks/compare.py --peer-python tianshou=.venv-tianshou/bin/python \\
+                                 --peer-python torchrl=.venv-torchrl/bin/python
+    make compare                                       # the same, with make bench-peers' venvs
+
+Libraries: cpprb_ray; cpprb 11's PrioritizedReplayBuffer and MPPrioritizedReplayBuffer;
+tianshou's PrioritizedReplayBuffer; TorchRL's PrioritizedReplayBuffer (LazyTensorStorage);
+and the segment trees: cpprb_ray's, RLlib's (ray/rllib/execution/segment_tree.py) and
+TorchRL's C++ one (torchrl._torchrl). benchmarks/_workloads.py defines the cases (sample,
+update, add(1), add(64) and the learner step; capacities 2^10 to 2^22; batches 32, 256, 4096;
+warm, and cold after a 64 MiB cache sweep) and the process groups; the asv suite
+(benchmarks/asv_bench) uses the same definitions.
+
+Each group runs in a process of its own (benchmarks/_compare_worker.py), in its own venv where
+``--peer-python GROUP=PATH`` gives one (groups: cpprb, rllib, tianshou, torchrl). Without it,
+tianshou and torchrl use ``.venv-tianshou`` / ``.venv-torchrl`` of this checkout or of the
+main worktree of its git repository when one exists (``make bench-peers`` makes them), else
+this interpreter. A group that cannot run, or a library that cannot be imported in its
+interpreter, is skipped with the reason printed. Every group measures cpprb_ray (its buffer, or
+its tree for the trees) interleaved with its peers, call by call; a ratio is the peer's median
+over that in-process cpprb_ray median, so ratios from different venvs stay honest.
+
+Then the workloads of the other benchmarks, through their own commands (short runs with
+--quick), each skipped with the reason when it cannot run:
+
+- Ape-X ingest: ``bench_apex.py --json FILE`` (rows added and learner steps per second);
+- multi-node: ``bench_apex.py --remote --json FILE`` (writers on a second Ray node: needs
+  root for its mount namespace);
+- frames: ``bench_frames.py [--quick] --json FILE`` when benchmarks/bench_frames.py exists.
+  The contract with it: FILE gets ``{"rows": [{"library": str, "operation": str,
+  "median_us": float, "min_us": float, "max_us": float}, ...]}`` (other keys are kept in
+  results.json as they are).
+
+Output: Markdown tables on stdout and in DIR/results.md (default DIR: ./compare-results),
+DIR/results.json (machine, versions, every figure: median, min, max, rounds, ratios), and one
+PNG per operation in DIR (cost against capacity, one line per library, log scales). A progress
+bar (tqdm) runs on stderr when it is a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+if __package__:
+    from . import _common as common
+    from . import _compare_report as report
+    from . import _workloads as workloads
+else:  # run as a script: this file's folder is sys.path[0]
+    import _common as common
+    import _compare_report as report
+    import _workloads as workloads
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "_compare_worker.py")
+
+#: Time budgets per case (benchmarks/_headline.plan_rounds reads them).
+FULL = {"budget_s": 1.0, "min_rounds": 50, "max_rounds": 2000, "cold_budget_s": 2.0,
+        "cold_min_rounds": 20, "cold_max_rounds": 300, "warmup": 20}
+QUICK = {"budget_s": 0.15, "min_rounds": 15, "max_rounds": 300, "cold_budget_s": 0.4,
+         "cold_min_rounds": 8, "cold_max_rounds": 60, "warmup": 5}
+SMOKE = {"budget_s": 0.01, "min_rounds": 3, "max_rounds": 20, "cold_budget_s": 0.02,
+         "cold_min_rounds": 2, "cold_max_rounds": 5, "warmup": 1}
+
+#: Timeouts of the other benchmarks' runs (seconds), quick and full.
+EXTRA_TIMEOUT_S = {True: 150, False: 3600}
+
+
+# ---------------------------------------------------------------------------------------------
+# Interpreters
+
+
+def main_worktree() -> Optional[str]:
+    """The main worktree of this checkout's git repository (None: not a git checkout)."""
+    try:
+        common_dir = subprocess.run(
+            ["git", "rev-parse", "--git-common-dir"],
+            cwd=common.REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    common_dir = os.path.join(common.REPO_ROOT, common_dir)  # relative: to the repo root
+    return os.path.dirname(common_dir) if common_dir.endswith(".git") else None
+
+
+def discover_pythons() -> Dict[str, str]:
+    """{group: python} of the peer venvs ``make bench-peers`` makes, where they exist."""
+    roots = [common.REPO_ROOT]
+    main_root = main_worktree()
+    if main_root and os.path.realpath(main_root) != os.path.realpath(common.REPO_ROOT):
+        roots.append(main_root)
+    found = {}
+    for group in ("tianshou", "torchrl"):
+        for root in roots:
+            candidate = os.path.join(root, f".venv-{group}", "bin", "python")
+            if os.access(candidate, os.X_OK):
+                found[group] = candidate
+                break
+    return found
+
+
+def parse_peer_pythons(values: List[str], parser: argparse.ArgumentParser) -> Dict[str, str]:
+    """``NAME=PATH`` items as {group: path}; a bad item is a usage error naming it."""
+    out = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not path or name not in workloads.GROUPS:
+            parser.error(f"--peer-python expects NAME=PATH with NAME one of "
+                         f"{', '.join(workloads.GROUPS)}; got {value!r}")
+        out[name] = path
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the groups
+
+
+def run_group(group: str, python: str, cases: List[workloads.Case], plan: Dict[str, Any],
+              seed: int, work_dir: str, advance) -> Tuple[Optional[Dict[str, Any]], str]:
+    """Run one group's worker under `python`: (its result, "") or (None, why it did not run).
+
+    `advance(label)` is called after every case the worker reports.
+    """
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        return None, f"interpreter {python} not found or not executable"
+    spec_path = os.path.join(work_dir, f"{group}.spec.json")
+    out_path = os.path.join(work_dir, f"{group}.out.json")
+    common.write_json(spec_path, {"group": group, "libraries": list(workloads.GROUPS[group]),
+                                  "cases": [list(case) for case in cases], "plan": plan,
+                                  "seed": seed})
+    env = dict(os.environ)
+    # The worker measures this checkout's cpprb_ray (common.import_cpprb_ray prefers a build in
+    # place here) even under a peer venv with another copy installed.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [common.REPO_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = time.perf_counter()
+    process = subprocess.Popen([python, WORKER, spec_path, out_path], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)
+    other: List[str] = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("@progress "):
+            advance(line[len("@progress "):].strip())
+        else:
+            other.append(line.rstrip("\n"))
+    status = process.wait()
+    if status != 0 or not os.path.isfile(out_path):
+        tail = " | ".join(line for line in other[-6:] if line.strip())
+        return None, f"its worker under {python} exited with status {status}: {tail}"
+    with open(out_path, encoding="utf-8") as handle:
+        result = json.load(handle)
+    result["interpreter"] = python
+    result["wall_s"] = time.perf_counter() - started
+    result["output"] = other[-20:]
+    return result, ""
+
+
+def run_extra(name: str, command: List[str], json_path: str, timeout_s: float
+              ) -> Dict[str, Any]:
+    """Run another benchmark's command; {"command", "result"} or {"command", "skipped"}."""
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    record: Dict[str, Any] = {"command": " ".join(command)}
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=common.REPO_ROOT, capture_output=True, text=True,
+                              timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        record["skipped"] = f"did not finish within {timeout_s:g} s"
+        return record
+    record["wall_s"] = time.perf_counter() - started
+    if done.returncode != 0 or not os.path.isfile(json_path):
+        lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        record["skipped"] = (f"{name} exited with status {done.returncode}: "
+                             f"{' | '.join(lines[-4:])}")
+        return record
+    with open(json_path, encoding="utf-8") as handle:
+        record["result"] = json.load(handle)
+    record["report"] = done.stdout
+    return record
+
+
+def extra_commands(quick: bool, work_dir: str) -> List[Tuple[str, Optional[List[str]], str,
+                                                             str]]:
+    """(name, command or None, its JSON path, why not when None) of every other benchmark."""
+    python = sys.executable
+    out = []
+    apex = os.path.join(HERE, "bench_apex.py")
+    short = ["--quick", "--seconds", "2", "--exponent", "16"] if quick else []
+    for name, extra in (("apex", []), ("multi_node", ["--remote"])):
+        path = os.path.join(work_dir, f"{name}.json")
+        out.append((name, [python, apex] + extra + short + ["--json", path], path, ""))
+    frames = os.path.join(HERE, "bench_frames.py")
+    path = os.path.join(work_dir, "frames.json")
+    if os.path.isfile(frames):
+        out.append(("frames", [python, frames] + (["--quick"] if quick else []) +
+                    ["--json", path], path, ""))
+    else:
+        out.append(("frames", None, path,
+                    "benchmarks/bench_frames.py is not in this checkout (issue 11)"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="2^10, 2^16, 2^20, batch 256, short runs (under 3 minutes)")
+    parser.add_argument("--out", metavar="DIR", default="compare-results",
+                        help="where results.md, results.json and the plots go "
+                             "(default: ./compare-results)")
+    parser.add_argument("--peer-python", action="append", default=[], metavar="NAME=PATH",
+                        help="run group NAME (cpprb, rllib, tianshou, torchrl) under this "
+                             "interpreter; repeatable")
+    parser.add_argument("--seed", type=int, default=0, help="seed of all random inputs")
+    # For the tests: 2^10 only, tiny budgets, no other benchmarks, no venv discovery.
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.pythons = parse_peer_pythons(args.peer_python, parser)
+    return args
+
+
+def plan_of(args: argparse.Namespace) -> Tuple[Dict[str, Any], List[workloads.Case]]:
+    """The time budgets and the cases of this run."""
+    if args.smoke:
+        return SMOKE, workloads.grid((10,), (256,), workloads.WARMTHS, workloads.OPERATIONS,
+                                     ("learner step",))
+    if args.quick:
+        return QUICK, workloads.quick_grid()
+    return FULL, workloads.full_grid()
+
+
+def progress_bar(total: int):
+    """tqdm on stderr (silent when stderr is not a terminal), or None without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, file=sys.stderr, disable=None, unit="case", dynamic_ncols=True)
+
+
+def main(argv=None) -> int:
+    """Run every group and every other benchmark, write the report; returns the exit status."""
+    args = parse_args(argv)
+    started = time.perf_counter()
+    plan, cases = plan_of(args)
+    pythons = {group: sys.executable for group in workloads.GROUPS}
+    if not args.smoke:
+        pythons.update(discover_pythons())
+    pythons.update(args.pythons)
+    extras = [] if args.smoke else None
+    os.makedirs(args.out, exist_ok=True)
+    info: Dict[str, Any] = {"machine": common.machine(), "cpus": os.cpu_count(),
+                            "command": " ".join(["python"] + sys.argv), "quick": args.quick,
+                            "smoke": args.smoke, "plan": plan, "cases": len(cases),
+                            "pythons": pythons, "load_average_1_5_15": os.getloadavg()}
+    groups: Dict[str, Any] = {}
+    skipped: Dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="cpprb_ray_compare_") as work_dir:
+        commands = extra_commands(args.quick, work_dir) if extras is None else []
+        bar = progress_bar(len(workloads.GROUPS) * len(cases) + len(commands))
+
+        def advance(label: str) -> None:
+            if bar is not None:
+                bar.set_postfix_str(label[:50])
+                bar.update(1)
+
+        for group, python in pythons.items():
+            result, why = run_group(group, python, cases, plan, args.seed, work_dir, advance)
+            if result is None:
+                skipped[group] = why
+                print(f"group skipped: {group}: {why}", file=sys.stderr, flush=True)
+                if bar is not None:
+                    bar.update(len(cases))
+                continue
+            groups[group] = result
+            for key, reason in result["skipped"].items():
+                print(f"peer skipped: {key} ({group}): {reason}", file=sys.stderr, flush=True)
+        extra_results: Dict[str, Any] = {}
+        for name, command, json_path, why_not in commands:
+            advance(name)
+            if command is None:
+                extra_results[name] = {"skipped": why_not}
+            else:
+                extra_results[name] = run_extra(name, command, json_path,
+                                                EXTRA_TIMEOUT_S[args.quick])
+            if "skipped" in extra_results[name]:
+                print(f"workload skipped: {name}: {extra_results[name]['skipped']}",
+                      file=sys.stderr, flush=True)
+        if bar is not None:
+            bar.close()
+    if args.smoke:
+        extra_results = {name: {"skipped": "not run with --smoke"}
+                         for name in ("apex", "multi_node", "frames")}
+    info["wall_s"] = time.perf_counter() - started
+    info["load_average_after"] = os.getloadavg()
+    payload = {"info": info, "groups": groups, "skipped": skipped,
+               "rows": report.canonical_rows(groups), "extras": extra_results}
+    plots, why_no_plots = report.plots(payload, args.out)
+    if why_no_plots:
+        print(f"plots skipped: {why_no_plots}", file=sys.stderr)
+    payload["plots"] = [os.path.basename(path) for path in plots]
+    text = report.markdown(payload, detail=False)
+    print(text)
+    with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as handle:
+        handle.write(report.markdown(payload, detail=True))
+    common.write_json(os.path.join(args.out, "results.json"), payload)
+    print(f"wrote {os.path.join(args.out, 'results.md')}, results.json and "
+          f"{len(plots)} plots in {info['wall_s']:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
