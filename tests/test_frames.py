@@ -175,7 +175,8 @@ def test_sample_out_and_pickle_round_trip():
 
 
 @pytest.mark.parametrize("cls", CLASSES)
-def test_writer_processes_a_learner_and_a_killed_writer(cls, backend):
+def test_writer_processes_a_learner_and_a_killed_writer(cls):
+    backend = "auto"   # both backends: test_two_streams_wrap_around_and_come_back_exact
     # Three writer processes in three lanes while this process samples, checks and updates;
     # a writer SIGKILLed mid-stream leaves its rows exact, and a new writer reclaims its lane.
     context = multiprocessing.get_context("spawn")
@@ -227,7 +228,8 @@ def test_writer_processes_a_learner_and_a_killed_writer(cls, backend):
         assert tree_problems(rb._store.check_tree()) == []
 
 
-def test_writers_killed_mid_add_leave_nothing_torn(backend):
+def test_writers_killed_mid_add_leave_nothing_torn():
+    backend = "mmap"
     # Writers SIGKILLed at random moments of a tight add loop (most land inside an add, many
     # while holding the lock): the next locker repairs, and every row stays exact.
     context = multiprocessing.get_context("spawn")
@@ -248,7 +250,8 @@ def test_writers_killed_mid_add_leave_nothing_torn(backend):
         assert tree_problems(rb._store.check_tree()) == []
 
 
-def test_ray_actors_add_episodes(ray_session, backend):
+def test_ray_actors_add_episodes(ray_session):
+    backend = "auto"
     ray = ray_session
 
     @ray.remote(num_cpus=0)
