@@ -19,11 +19,15 @@ cdef enum:
     LAYOUT_AT = 512          # the layout JSON
     VERSION = 3              # 3: magic as a u64 field, lock-wait statistics; 2: shared leaves
 
-# A laned record's int32 link (StoreView.link_offset): >= 1 a live row, else one of these.
+# A laned record's int32 link (StoreView.link_offset): >= 1 a row (its obs stack ends that many
+# slots back), else one of these. The int32 after it says where the row's next stack ends: that
+# many slots ahead (0: in its own slot), or ROW_INCOMPLETE: an N-step row whose window is still
+# open (not sampled, not updated, not counted until it is completed).
 cdef enum:
     LINK_NONE = 0            # never written since the segment was made
     LINK_FILLER = -1         # holds only frames (of a stack that starts a stream anew)
     LINK_DEAD = -2           # its row was evicted, torn or cleared
+    ROW_INCOMPLETE = -1      # (the second int32)
 
 # In-flight operation marker (Header.op), for the repair after a holder's death.
 cdef enum:
@@ -119,6 +123,8 @@ cdef struct StoreView:
 cdef int64_t lane_start(const StoreView* view, int64_t lane) noexcept nogil
 cdef int64_t lane_of(const StoreView* view, int64_t slot) noexcept nogil
 cdef int32_t* link_of(StoreView* view, int64_t slot) noexcept nogil
+cdef int32_t* ahead_of(StoreView* view, int64_t slot) noexcept nogil
+cdef bint is_live_row(StoreView* view, int64_t slot) noexcept nogil
 cdef void publish(uint64_t* op, uint64_t value) noexcept nogil
 
 

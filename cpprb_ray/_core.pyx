@@ -107,10 +107,22 @@ cdef int32_t* link_of(StoreView* view, int64_t slot) noexcept nogil:
     return <int32_t*>(view.rows + slot * view.stride + view.link_offset)
 
 
+cdef int32_t* ahead_of(StoreView* view, int64_t slot) noexcept nogil:
+    """A laned row's second int32: how many slots ahead its next stack ends (>= 0), or
+    ROW_INCOMPLETE."""
+    return <int32_t*>(view.rows + slot * view.stride + view.link_offset + 4)
+
+
+cdef bint is_live_row(StoreView* view, int64_t slot) noexcept nogil:
+    """A complete, committed row (what sample may return and update may weigh)."""
+    return (link_of(view, slot)[0] >= 1 and ahead_of(view, slot)[0] >= 0
+            and not generation_of(view, slot)[0] & 1)
+
+
 cdef int64_t count_live_rows(StoreView* view) noexcept nogil:
     cdef int64_t slot, live = 0
     for slot in range(view.capacity):
-        if link_of(view, slot)[0] >= 1 and not generation_of(view, slot)[0] & 1:
+        if is_live_row(view, slot):
             live += 1
     return live
 
@@ -348,7 +360,7 @@ cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double 
             # live rows); anything else is a corrupt node, and must not become an address.
             if indexes[k] < 0 or indexes[k] >= bound:
                 return ST_CORRUPT
-            if view.lanes != NULL and link_of(view, indexes[k])[0] < 1:
+            if view.lanes != NULL and not is_live_row(view, indexes[k]):
                 return ST_CORRUPT
         # Ask for every sampled record now: their misses then overlap the weights below
         # instead of waiting for the gather. (Asking from inside the walk, as each leaf is
@@ -436,8 +448,8 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
         index = indexes[k]
         if index < 0 or index >= stored:
             continue          # cleared since validation
-        if view.lanes != NULL and link_of(view, index)[0] < 1:
-            continue          # a laned slot without a live row (frames only, evicted, torn)
+        if view.lanes != NULL and (link_of(view, index)[0] < 1 or ahead_of(view, index)[0] < 0):
+            continue          # a laned slot without a complete row (frames only, evicted, open)
         if generations != NULL:
             generation = generation_of(view, index)[0]
             if generation & 1 or generation != generations[k]:

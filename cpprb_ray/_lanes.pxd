@@ -38,6 +38,21 @@ cdef struct LaneAdd:
     const double* weights
     uint64_t* cache_writes   # in/out: the lane's `writes` when `cache` was taken (0: none)
     int32_t* plan            # scratch: 2 * count int32 (fillers, link) per transition
+    bint incomplete          # N-step: the rows wait for lanes_complete (not sampled till then)
+    int64_t* out_slots       # each row's slot (NULL: not wanted)
+    uint64_t* out_generations  # each row's generation as written (with out_slots)
+
+# N-step rows whose windows closed: each row's n-step columns and where its next stack ends (the
+# slot of its window's last step), checked against the generations the writer saw.
+cdef struct LaneComplete:
+    int64_t count
+    const int64_t* slots
+    const uint64_t* generations
+    const int64_t* last_slots
+    const uint64_t* last_generations
+    const uint8_t** sources  # per store column, `count` values; NULL: keep what the add wrote
+    const double* priorities
+    const double* weights
 
 cdef struct LaneClaim:
     uint64_t pid
@@ -53,4 +68,5 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* add) noexcept nogil
 cdef int64_t lanes_gather(StoreView* view, const int64_t* indexes, int64_t batch,
                           uint64_t* generations, uint8_t** outputs, FrameColumn* frames,
                           int frame_count) noexcept nogil
+cdef int64_t lanes_complete(StoreView* view, LaneComplete* complete) noexcept nogil
 cdef int64_t lanes_live(StoreView* view, int64_t* indexes, int64_t room) noexcept nogil

@@ -24,10 +24,11 @@ from libc.math cimport pow
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
-from cpprb_ray._core cimport (LINK_DEAD, LINK_FILLER, OP_ADD, OP_NONE, ST_CORRUPT,
-                              ST_LANE_FULL, ST_LANE_LOST, Header, Lane, StoreView, lane_of,
-                              lane_start, link_of, publish)
-from cpprb_ray._segtree cimport tree_refresh_range, unset_leaf
+from cpprb_ray._core cimport (LINK_DEAD, LINK_FILLER, OP_ADD, OP_NONE, OP_UPDATE,
+                              ROW_INCOMPLETE, ST_CORRUPT, ST_LANE_FULL, ST_LANE_LOST, Header,
+                              Lane, StoreView, ahead_of, is_live_row, lane_of, lane_start,
+                              link_of, publish)
+from cpprb_ray._segtree cimport tree_refresh, tree_refresh_range, unset_leaf
 
 cdef extern from *:
     """
@@ -172,11 +173,12 @@ cdef int64_t lanes_release(StoreView* view, int64_t lane, uint64_t token) noexce
 
 cdef inline void evict(StoreView* view, int64_t slot) noexcept nogil:
     cdef uint64_t* generation = generation_at(view, slot)
+    cdef bint counted = is_live_row(view, slot)
     link_of(view, slot)[0] = LINK_DEAD
     view.tree.sums[slot] = unset_leaf()
     if not generation[0] & 1:
         generation[0] += 2      # an update with the generation it was sampled at skips it
-    if view.header.stored_size > 0:
+    if counted and view.header.stored_size > 0:
         view.header.stored_size -= 1
 
 
@@ -312,11 +314,16 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
                 else:
                     memset(record + view.columns[column], 0, <size_t>field)
             write_frames(view, record, delta, back, row, a)
+            ahead_of(view, slot)[0] = ROW_INCOMPLETE if a.incomplete and delta == 0 else 0
             if delta == 0:
                 link_of(view, slot)[0] = <int32_t>back
                 if a.weights != NULL:
                     weight = a.weights[row]
-                view.tree.sums[slot] = weight if weight > 0.0 else unset_leaf()
+                view.tree.sums[slot] = (weight if weight > 0.0 and not a.incomplete
+                                        else unset_leaf())
+                if a.out_slots != NULL:
+                    a.out_slots[row] = slot
+                    a.out_generations[row] = generation[0]
             else:
                 link_of(view, slot)[0] = LINK_FILLER
                 view.tree.sums[slot] = unset_leaf()
@@ -341,10 +348,64 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
     lane.filled = min(lane.filled + <uint64_t>total, <uint64_t>size)
     lane.writes += <uint64_t>total
     a.cache_writes[0] = lane.writes
-    h.stored_size = min(h.stored_size + <uint64_t>a.count, <uint64_t>view.capacity)
-    h.rows_added += <uint64_t>a.count
+    if not a.incomplete:
+        h.stored_size = min(h.stored_size + <uint64_t>a.count, <uint64_t>view.capacity)
+        h.rows_added += <uint64_t>a.count
     publish(&h.op, OP_NONE)
     return first + (head + a.plan[0]) % size
+
+
+cdef int64_t lanes_complete(StoreView* view, LaneComplete* a) noexcept nogil:
+    """Complete N-step rows: their n-step columns, where their next stacks end, their leaves.
+    A row (or its window's last step) that is not what the writer saw (overwritten, torn,
+    cleared, already complete) is skipped. Returns how many were completed.
+
+    Columns, then the second link, then the leaf: a holder killed in between leaves a row that
+    is incomplete (never sampled) or complete and exact; the repair rebuilds the tree."""
+    cdef Header* h = view.header
+    cdef int64_t k, slot, last, lane, first, size, column, field, ahead, done = 0
+    cdef double weight, max_priority = h.max_priority
+    cdef uint8_t* record
+    if a.weights == NULL:
+        weight = pow(max_priority + h.eps, h.alpha)
+    publish(&h.op, OP_UPDATE)
+    for k in range(a.count):
+        slot = a.slots[k]
+        last = a.last_slots[k]
+        if not (0 <= slot < view.capacity and 0 <= last < view.capacity):
+            continue
+        lane = lane_of(view, slot)
+        if lane_of(view, last) != lane:
+            continue
+        if (generation_at(view, slot)[0] != a.generations[k] or link_of(view, slot)[0] < 1
+                or ahead_of(view, slot)[0] != ROW_INCOMPLETE
+                or generation_at(view, last)[0] != a.last_generations[k]
+                or link_of(view, last)[0] < 1):
+            continue
+        first = lane_start(view, lane)
+        size = lane_start(view, lane + 1) - first
+        ahead = (last - slot + size) % size
+        if ahead > size // 2:
+            continue
+        record = view.rows + slot * view.stride
+        for column in range(view.column_count):
+            if a.sources[column] != NULL:
+                field = view.row_bytes[column]
+                memcpy(record + view.columns[column], a.sources[column] + k * field,
+                       <size_t>field)
+        ahead_of(view, slot)[0] = <int32_t>ahead
+        if a.weights != NULL:
+            weight = a.weights[k]
+            if a.priorities[k] > max_priority:
+                max_priority = a.priorities[k]
+        view.tree.sums[slot] = weight if weight > 0.0 else unset_leaf()
+        done += 1
+    tree_refresh(&view.tree, a.slots, a.count)   # (bounded: slots outside were skipped above)
+    h.max_priority = max_priority
+    h.stored_size = min(h.stored_size + <uint64_t>done, <uint64_t>view.capacity)
+    h.rows_added += <uint64_t>done
+    publish(&h.op, OP_NONE)
+    return done
 
 
 cdef int64_t lanes_gather(StoreView* view, const int64_t* indexes, int64_t batch,
@@ -354,7 +415,7 @@ cdef int64_t lanes_gather(StoreView* view, const int64_t* indexes, int64_t batch
     each frame column's out_values / out_nexts. Returns `batch`, or ST_CORRUPT for an index
     that is not a live row or a link no add writes."""
     cdef const uint8_t* planes[MAX_STACK]
-    cdef int64_t k, slot, link, lane, first, size, rel, j, c, column, field, stack_size
+    cdef int64_t k, slot, link, ahead, lane, first, size, rel, j, c, column, field, stack_size
     cdef int64_t stack_max = 1, stack_bytes
     cdef uint64_t frame_mask = 0
     cdef const uint8_t* record
@@ -367,11 +428,14 @@ cdef int64_t lanes_gather(StoreView* view, const int64_t* indexes, int64_t batch
         if slot < 0 or slot >= view.capacity:
             return ST_CORRUPT
         link = link_of(view, slot)[0]
+        ahead = ahead_of(view, slot)[0]
         if link < 1 or link > stack_max:
             return ST_CORRUPT
         lane = lane_of(view, slot)
         first = lane_start(view, lane)
         size = lane_start(view, lane + 1) - first
+        if not 0 <= ahead <= size // 2:
+            return ST_CORRUPT
         rel = slot - first
         record = view.rows + slot * view.stride
         generations[k] = (<const uint64_t*>record)[0]
@@ -384,14 +448,19 @@ cdef int64_t lanes_gather(StoreView* view, const int64_t* indexes, int64_t batch
             f = &frames[c]
             stack_size = f.stack
             stack_bytes = stack_size * f.plane_bytes
-            for j in range(stack_size):
-                planes[j] = (view.rows + (first + (rel - (stack_size - 1 - j) + size) % size)
-                             * view.stride + view.columns[f.column])
             if f.has_next:
+                for j in range(stack_size):   # the next stack ends `ahead` slots on
+                    planes[j] = (view.rows
+                                 + (first + (rel + ahead - (stack_size - 1 - j) + size) % size)
+                                 * view.stride + view.columns[f.column])
                 interleave(f.out_nexts + k * stack_bytes, planes, f)
-                for j in range(stack_size):
+                for j in range(stack_size):   # the obs stack ends `link` slots back
                     planes[j] = (view.rows
                                  + (first + (rel - link - (stack_size - 1 - j) + 2 * size) % size)
+                                 * view.stride + view.columns[f.column])
+            else:
+                for j in range(stack_size):   # a stack of its own: it ends in the row's slot
+                    planes[j] = (view.rows + (first + (rel - (stack_size - 1 - j) + size) % size)
                                  * view.stride + view.columns[f.column])
             interleave(f.out_values + k * stack_bytes, planes, f)
     return batch
@@ -403,7 +472,7 @@ cdef int64_t lanes_live(StoreView* view, int64_t* indexes, int64_t room) noexcep
     for slot in range(view.capacity):
         if found == room:
             break
-        if link_of(view, slot)[0] >= 1 and not generation_at(view, slot)[0] & 1:
+        if is_live_row(view, slot):
             indexes[found] = slot
             found += 1
     return found

@@ -44,7 +44,8 @@ from cpprb_ray._core cimport (HEADER_BYTES, LAYOUT_AT, MUTEX_AT, OP_NONE, ST_ALL
                               store_restore, store_sample, store_snapshot, store_unlock,
                               store_update, view_bind)
 from cpprb_ray._lanes cimport (MAX_FRAME_COLUMNS, ST_NO_LANE, FrameColumn, LaneAdd, LaneClaim,
-                               lanes_add, lanes_claim, lanes_gather, lanes_live, lanes_release)
+                               LaneComplete, lanes_add, lanes_claim, lanes_complete,
+                               lanes_gather, lanes_live, lanes_release)
 from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_MIN_SIZE, LIMITER_NONE,
                                  LIMITER_SAMPLE_TO_INSERT_RATIO, SIDE_INSERT, SIDE_RESET,
                                  SIDE_SAMPLE, Limiter, gate_advance, gate_arm, limiter_admits,
@@ -394,6 +395,9 @@ cdef int64_t lane_sample_kernel(StoreView* view, void* arguments) noexcept nogil
     if result >= 0 and a.mode == LANE_DRAW:
         view.header.rows_sampled += <uint64_t>a.batch
     return result
+
+cdef int64_t lane_complete_kernel(StoreView* view, void* arguments) noexcept nogil:
+    return lanes_complete(view, <LaneComplete*>arguments)
 
 cdef int64_t lane_claim_kernel(StoreView* view, void* arguments) noexcept nogil:
     return lanes_claim(view, <LaneClaim*>arguments)
@@ -1308,7 +1312,8 @@ cdef class ReplayStore:
             self.leave()
 
     def add_lanes(self, int64_t lane, uint64_t token, int64_t count, list values, list stacks,
-                  priorities, uint64_t[::1] cache_writes, timeout=None):
+                  priorities, uint64_t[::1] cache_writes, timeout=None, bint incomplete=False,
+                  out_slots=None, out_generations=None):
         """Add `count` transitions to `lane` (which the handle with `token` owns); returns the
         first slot written.
 
@@ -1316,6 +1321,8 @@ cdef class ReplayStore:
         for a frame column); `stacks`: per frame column (values, nexts or None, cache), each
         C-contiguous: `count` stacks, `count` next stacks, and the writer's one cached stack.
         `priorities`: None or `count` float64. `cache_writes`: the writer's cache key (in/out).
+        `incomplete`: N-step rows that complete_lanes finishes later; `out_slots` (int64) and
+        `out_generations` (uint64), `count` each: where each row went, as written.
         """
         cdef double seconds = _rules.as_timeout(timeout)
         cdef LaneAdd arguments
@@ -1384,6 +1391,15 @@ cdef class ReplayStore:
             arguments.frame_count = self.frame_count
             arguments.cache_writes = &cache_writes[0]
             arguments.plan = plan
+            arguments.incomplete = incomplete
+            arguments.out_slots = NULL
+            arguments.out_generations = NULL
+            if out_slots is not None:
+                arguments.out_slots = <int64_t*>bytes_of(out_slots, count * 8, "out_slots")
+                arguments.out_generations = <uint64_t*>bytes_of(out_generations, count * 8,
+                                                                "out_generations")
+                if out_slots.dtype != _INT64 or out_generations.dtype != _UINT64:
+                    raise ValueError("out_slots must be int64 and out_generations uint64")
             rate_start(&rate, SIDE_INSERT, count, seconds)
             return self.run(lane_add_kernel, &arguments, &rate)
         finally:
@@ -1465,4 +1481,65 @@ cdef class ReplayStore:
         finally:
             free(pointers)
             free(scratch)
+            self.leave()
+
+    def complete_lanes(self, slots, generations, last_slots, last_generations, list values,
+                       priorities=None):
+        """Complete N-step rows add_lanes(incomplete=True) wrote: `values` per store column
+        (`count` values as a C-contiguous array of its dtype, or None to keep what the add
+        wrote); each row's next stack ends at its `last_slots` entry. All arrays C-contiguous
+        (int64 slots, uint64 generations). Returns how many rows were completed (the others
+        were overwritten, cleared or torn since)."""
+        cdef LaneComplete arguments
+        cdef int n = self.columns.count, c
+        cdef int64_t count = len(slots)
+        cdef const uint8_t** sources = NULL
+        cdef double* weights = NULL
+        cdef const double[::1] given
+        self.enter()
+        try:
+            if self.view.lanes == NULL or len(values) != n:
+                raise ValueError("complete_lanes needs a laned buffer and one value per column")
+            if count == 0:
+                return 0
+            for array, dtype in ((slots, _INT64), (generations, _UINT64),
+                                 (last_slots, _INT64), (last_generations, _UINT64)):
+                if type(array) is not _ndarray or array.dtype != dtype or array.shape != (count,):
+                    raise ValueError(f"complete_lanes: expected {count} {dtype}")
+            for array in (slots, last_slots):
+                # The kernel refreshes the tree over every slot it is given.
+                if not ((array >= 0).all() and (array < self.view.capacity).all()):
+                    raise IndexError(f"slots must be in [0, capacity {self.view.capacity})")
+            sources = <const uint8_t**>malloc(n * sizeof(uint8_t*))
+            if sources == NULL:
+                raise MemoryError()
+            for c in range(n):
+                sources[c] = NULL
+                if values[c] is not None:
+                    sources[c] = bytes_of(values[c], count * self.columns.row_bytes[c],
+                                          f"column {self.columns.names[c]!r}")
+            arguments.priorities = NULL
+            arguments.weights = NULL
+            if priorities is not None:
+                given = priorities
+                if given.shape[0] != count:
+                    raise ValueError(f"priorities must have {count} entries")
+                weights = <double*>malloc(count * sizeof(double))
+                if weights == NULL:
+                    raise MemoryError()
+                self.weigh(&given[0], weights, count, "priorities")
+                arguments.priorities = &given[0]
+                arguments.weights = weights
+            arguments.count = count
+            arguments.slots = <const int64_t*>bytes_of(slots, count * 8, "slots")
+            arguments.generations = <const uint64_t*>bytes_of(generations, count * 8,
+                                                              "generations")
+            arguments.last_slots = <const int64_t*>bytes_of(last_slots, count * 8, "last_slots")
+            arguments.last_generations = <const uint64_t*>bytes_of(last_generations, count * 8,
+                                                                   "last_generations")
+            arguments.sources = sources
+            return self.run(lane_complete_kernel, &arguments, NULL)
+        finally:
+            free(sources)
+            free(weights)
             self.leave()

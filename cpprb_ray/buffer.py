@@ -133,13 +133,12 @@ class ReplayBuffer:
         if capacity <= 0:
             raise ValueError(f"size must be > 0; got {capacity}")
         limiter = rate_limiters.check_rate_limiter(rate_limiter, capacity)
-        columns, lane_config = frames.LaneConfig.plan(
-            _layout.parse_env_dict(env_dict), capacity, self._prioritized, next_of,
-            stack_compress, lanes)
-        if lane_config is not None and Nstep is not None:
-            raise ValueError("Nstep cannot be combined with lanes, next_of or stack_compress "
-                             "yet (docs/frames.md)")
+        # N-step first, on the columns add takes (next_obs included when next_of derives it);
+        # then the lanes, which store frame columns a plane per slot and derive next_of's.
+        columns = frames.with_next_columns(_layout.parse_env_dict(env_dict), next_of)
         columns, nstep_config = nstep.plan_columns(columns, Nstep)
+        columns, lane_config = frames.LaneConfig.plan(columns, capacity, self._prioritized,
+                                                      next_of, stack_compress, lanes)
         backend = _memory.resolve_backend(backend)
         if path is not None and backend != "mmap":
             raise ValueError("path= needs backend='mmap'")
@@ -177,10 +176,13 @@ class ReplayBuffer:
               seed: Optional[int], lock_timeout: float = 60.0, store: Any = None) -> None:
         # First, before anything that must be released: a broken N-step record refuses the
         # segment. The staging is this handle's own and starts empty.
-        nstep_config = nstep.NstepConfig.from_meta(layout.meta, layout.columns,
-                                                   segment.location)
+        lane_config = frames.LaneConfig.from_meta(layout.meta, layout.columns, segment.location)
+        # N-step works on the columns add takes: a laned layout's public ones.
+        add_columns = layout.columns if lane_config is None else lane_config.columns()
+        nstep_config = nstep.NstepConfig.from_meta(layout.meta, add_columns, segment.location)
         self._nstep = (None if nstep_config is None else
-                       nstep.NstepStaging(nstep_config, layout.columns, self._prioritized))
+                       nstep.NstepStaging(nstep_config, add_columns, self._prioritized,
+                                          laned=lane_config is not None))
         self._segment = segment
         self._layout = layout
         self._columns = layout.columns
@@ -191,7 +193,6 @@ class ReplayBuffer:
                        if store is None else store)
         self._column_order = tuple(c.name for c in layout.columns)
         self._lanes: Optional[frames.LaneWriter] = None
-        lane_config = frames.LaneConfig.from_meta(layout.meta, layout.columns, segment.location)
         if lane_config is not None:
             if store is not None:
                 raise ValueError(f"{segment.location!r} is a laned buffer (lanes, next_of, "
@@ -444,7 +445,8 @@ class ReplayBuffer:
         """
         if self._lanes is not None:
             return {name: {"shape": shape, "dtype": dtype}
-                    for name, shape, dtype in self._lanes.public}
+                    for name, shape, dtype in self._lanes.public
+                    if name != nstep.DISCOUNTS or self._nstep is None}
         return {c.name: {"shape": c.shape, "dtype": c.dtype} for c in self._columns
                 if c.name != nstep.DISCOUNTS or self._nstep is None}
 
@@ -584,6 +586,23 @@ class ReplayBuffer:
         handle queued them (its slots are chosen when the batch is sent)."""
         first = self._store.add([rows[name] for name in self._column_order], priorities, timeout)
         return None if first is None else int(first)
+
+    def _lane_steps(self, steps: Dict[str, np.ndarray], count: int, slots: np.ndarray,
+                    generations: np.ndarray, timeout: Optional[float] = None) -> None:
+        """N-step in a laned buffer: write staged steps as rows that wait for their windows
+        (never sampled before _complete_rows), so that their frames are in the lane in order;
+        each row's slot and generation go to `slots` and `generations`."""
+        self._lanes.add(steps, None, timeout, incomplete=True,  # type: ignore[union-attr]
+                        out=(slots, generations), count=count)
+
+    def _complete_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
+                       slots: np.ndarray, generations: np.ndarray, last_slots: np.ndarray,
+                       last_generations: np.ndarray) -> int:
+        """N-step in a laned buffer: the rows of `slots` get their n-step columns and their
+        next stacks (those ending at `last_slots`); returns the first row's slot."""
+        self._lanes.complete(rows, priorities, slots, generations,  # type: ignore[union-attr]
+                             last_slots, last_generations)
+        return int(slots[0])
 
     # -- sample -------------------------------------------------------------------------------
 

@@ -67,6 +67,22 @@ def _pid_namespace_id() -> int:
     return int(digits) if digits else 0
 
 
+def with_next_columns(columns: List[Column], next_of: Names) -> List[Column]:
+    """`columns` and, for each next_of column that env_dict does not list, its next column
+    (``next_<name>``, same shape and dtype): what add takes, what N-step may name.
+
+    Examples
+    --------
+    >>> from cpprb_ray._layout import parse_env_dict
+    >>> [c.name for c in with_next_columns(parse_env_dict({"obs": {}, "act": {}}), "obs")]
+    ['obs', 'act', 'next_obs']
+    """
+    names = [c.name for c in columns]
+    extra = [Column("next_" + c.name, c.dtype, c.shape) for c in columns
+             if c.name in _names(next_of, "next_of", names) and "next_" + c.name not in names]
+    return list(columns) + extra
+
+
 class FrameColumn:
     """One frame column: its public name, stack (planes per value), next column's name (or
     None) and public shape and dtype; the store keeps one plane of it per slot."""
@@ -167,6 +183,10 @@ class LaneConfig:
         stored = [Column(c.name, c.dtype, framed[c.name].plane_shape) if c.name in framed
                   else c for c in columns if c.name not in derived]
         return stored, cls(count, frames, not prioritized, public)
+
+    def columns(self) -> List[Column]:
+        """The public columns as Column objects (what add takes, N-step's view)."""
+        return [Column(name, dtype, shape) for name, shape, dtype in self.public]
 
     def to_meta(self) -> Dict[str, Any]:
         return {"count": self.count, "uniform": self.uniform,
@@ -297,7 +317,27 @@ class LaneWriter:
             raise _rules.shape_error(name, shape, array.shape)
         return np.ascontiguousarray(array.reshape((rows,) + shape), dtype=dtype)
 
-    def add(self, columns: Dict[str, Any], priorities: Any, timeout: Optional[float]) -> int:
+    def add(self, columns: Dict[str, Any], priorities: Any, timeout: Optional[float], *,
+            incomplete: bool = False, out: Optional[Tuple[np.ndarray, np.ndarray]] = None,
+            count: int = -1) -> int:
+        """Add rows (returns the first row's slot). `incomplete`: N-step rows that wait for
+        complete() (`columns` then are the staging's arrays, `count` rows of every public
+        column but those N-step derives, of exact dtypes); `out`: (slots, generations) to fill."""
+        if incomplete:
+            values = [columns[c.name] if c.name in columns else
+                      np.zeros((count,) + c.shape, dtype=c.dtype)
+                      for c in self._stored if c.name not in self._framed]
+            plain = iter(values)
+            values = [None if c.name in self._framed else next(plain) for c in self._stored]
+            stacks = [(np.ascontiguousarray(columns[f.name]),
+                       None if f.next is None else np.ascontiguousarray(columns[f.next]), cache)
+                      for f, cache in zip(self._config.frames, self._caches)]
+            lane = self._claim()
+            return int(self._store.add_lanes(
+                lane, self._token, count, [None if v is None else np.ascontiguousarray(v)
+                                           for v in values], stacks, None,
+                self._cache_writes, timeout, incomplete=True, out_slots=out[0] if out else None,
+                out_generations=out[1] if out else None))
         if len(columns) != len(self._public_names) or set(columns) != self._public_names:
             missing = sorted(self._public_names - set(columns))
             unknown = sorted(set(columns) - self._public_names)
@@ -323,6 +363,19 @@ class LaneWriter:
         lane = self._claim()
         return int(self._store.add_lanes(lane, self._token, count, values, stacks, priorities,
                                          self._cache_writes, timeout))
+
+    def complete(self, rows: Mapping[str, np.ndarray], priorities: Optional[np.ndarray],
+                 slots: np.ndarray, generations: np.ndarray, last_slots: np.ndarray,
+                 last_generations: np.ndarray) -> int:
+        """Complete N-step rows: `rows` has their n-step columns (others are kept as added)."""
+        values = [None if c.name in self._framed or c.name not in rows
+                  else np.ascontiguousarray(rows[c.name], dtype=c.dtype) for c in self._stored]
+        return int(self._store.complete_lanes(
+            np.ascontiguousarray(slots, dtype=np.int64),
+            np.ascontiguousarray(generations, dtype=np.uint64),
+            np.ascontiguousarray(last_slots, dtype=np.int64),
+            np.ascontiguousarray(last_generations, dtype=np.uint64), values,
+            None if priorities is None else np.ascontiguousarray(priorities, dtype=np.float64)))
 
     # -- sample -----------------------------------------------------------------------------
 

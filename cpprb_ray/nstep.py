@@ -64,6 +64,8 @@ _FLOAT64 = np.dtype(np.float64)
 # steps it inherited (cheaper than comparing os.getpid(), a system call, on every add).
 _FORKS = [0]
 _LARGE = 4096   # staging capacity (steps) above which a commit shrinks it back to the base
+_SLOT = " slot"           # (laned) staging arrays: each staged step's row, as written; the
+_GENERATION = " generation"   # space keeps them apart from any env_dict key
 
 
 def _count_fork() -> None:
@@ -364,8 +366,13 @@ class NstepStaging:
     ([2.0], [0.25])
     """
 
-    def __init__(self, config: NstepConfig, columns: Sequence[Any], prioritized: bool) -> None:
+    def __init__(self, config: NstepConfig, columns: Sequence[Any], prioritized: bool,
+                 laned: bool = False) -> None:
         self.config = config
+        # A laned buffer (frames): each step goes into the lane when it is staged, as a row that
+        # waits for its window (its frames must be in the lane in stream order); a commit then
+        # completes those rows. Each staged step keeps its row's slot and generation.
+        self._laned = laned
         self._user_columns = [c for c in columns if c.name != DISCOUNTS]
         self._names = [c.name for c in self._user_columns]
         self._done_index = self._names.index(DONE)
@@ -410,7 +417,12 @@ class NstepStaging:
         self._fork_epoch = _FORKS[0]
 
     def _new_storage(self, capacity: int) -> Dict[str, np.ndarray]:
-        return {c.name: np.empty((capacity,) + c.shape, dtype=c.dtype) for c in self._user_columns}
+        storage = {c.name: np.empty((capacity,) + c.shape, dtype=c.dtype)
+                   for c in self._user_columns}
+        if self._laned:
+            storage[_SLOT] = np.empty(capacity, dtype=np.int64)
+            storage[_GENERATION] = np.empty(capacity, dtype=np.uint64)
+        return storage
 
     def _set_storage(self, capacity: int, storage: Dict[str, np.ndarray],
                      priorities: np.ndarray) -> None:
@@ -503,6 +515,8 @@ class NstepStaging:
             tail = self._tail
             if self._stage_one(values, tail):
                 count = 1
+                if self._laned:
+                    self._write_steps(sink, tail, tail + 1, timeout)
                 if priorities is not None:
                     self._priorities[tail] = sink._step_priorities(priorities, 1)[0]
                 else:
@@ -527,9 +541,29 @@ class NstepStaging:
             new_tail = tail + count
             for name, array in zip(self._names, arrays):
                 self._storage[name][tail:new_tail] = array
+            if self._laned:
+                self._write_steps(sink, tail, new_tail, timeout)
             self._priorities[tail:new_tail] = np.nan if priorities is None else priorities
             ends = tail + np.flatnonzero(arrays[self._done_index].reshape(-1))
             return self._commit_ready(sink, ends, new_tail, timeout)
+
+    def _write_steps(self, sink: Any, start: int, stop: int, timeout: Optional[float]) -> None:
+        """(Laned) Put staged steps start..stop-1 into the lane as rows that wait for their
+        windows; their slots and generations go beside them in the staging."""
+        storage = self._storage
+        sink._lane_steps({name: storage[name][start:stop] for name in self._names}, stop - start,
+                         storage[_SLOT][start:stop], storage[_GENERATION][start:stop], timeout)
+
+    def _commit(self, sink: Any, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
+                timeout: Optional[float], head: int, ready: int, lasts: np.ndarray) -> Any:
+        """Hand rows head..ready-1 to the sink: as new rows, or (laned) completing the rows
+        their steps were written as, whose next stacks end at the rows of steps `lasts`."""
+        if not self._laned:
+            return sink._commit_rows(rows, priorities, timeout)
+        storage = self._storage
+        return sink._complete_rows(rows, priorities, storage[_SLOT][head:ready],
+                                   storage[_GENERATION][head:ready], storage[_SLOT].take(lasts),
+                                   storage[_GENERATION].take(lasts))
 
     def _stage_one(self, values: Mapping[str, Any], tail: int) -> bool:
         """Write one step at `tail` when every value is a Python or numpy scalar (one-number
@@ -638,7 +672,8 @@ class NstepStaging:
         priorities = None
         if self._prioritized and not math.isnan(self._priorities[head]):
             priorities = self._priorities[head:head + 1]
-        first = sink._commit_rows(rows, priorities, timeout)
+        first = self._commit(sink, rows, priorities, timeout, head, head + 1,
+                             np.array([last], dtype=np.int64))
         self._head = head + 1
         return first
 
@@ -676,7 +711,9 @@ class NstepStaging:
             rows[name] = storage[name][head:ready]
         if ends.shape[0]:
             rows.update(self._windows_to_ends(ends, head, ready, new_tail))
+            lasts = self._lasts
         else:
+            lasts = np.arange(head + size - 1, ready + size - 1, dtype=np.int64)
             # No episode end among them: every window has n steps, and every column is a slice.
             for name in self._next:
                 rows[name] = storage[name][head + size - 1:ready + size - 1]
@@ -687,7 +724,8 @@ class NstepStaging:
                     total += weight * storage[name][head + k:ready + k].astype(_FLOAT64)
                 rows[name] = total.astype(storage[name].dtype)
             rows[DISCOUNTS] = np.full((ready - head, 1), self._powers[size], dtype=_FLOAT32)
-        first = sink._commit_rows(rows, self._priorities_of(sink, head, ready), timeout)
+        first = self._commit(sink, rows, self._priorities_of(sink, head, ready), timeout, head,
+                             ready, lasts)
         self._head = ready
         self._tail = new_tail
         if ready == new_tail:
@@ -708,6 +746,7 @@ class NstepStaging:
         span -= positions
         np.minimum(span, size - 1, out=span)
         last = positions + span
+        self._lasts = last
         rows = {}
         for name in self._next:
             rows[name] = storage[name].take(last, axis=0)
