@@ -134,12 +134,31 @@ def main(argv=None) -> int:
             streams = {name: Episodes(1) for name, _ in libraries}
             indexes = np.random.default_rng(2).integers(0, fill_count, 256)
             priorities = np.random.default_rng(3).random(256) + 0.1
+            # The floor of any sample: the bytes it must move, moved by numpy without any
+            # bookkeeping: 5 random planes per row in (the 4 of obs and next_obs's newest),
+            # two stacks per row out. No library can sample faster than its memory allows.
+            planes = np.random.default_rng(4).integers(0, 256, (fill_count, 84, 84),
+                                                       dtype=np.uint8)
+            floor_source = np.random.default_rng(5).integers(0, 256, (256, 84, 84, 4),
+                                                             dtype=np.uint8)
+            libraries.append(("memory floor", None))
             operations = ["add(1)", "sample(32)", "sample(256)"]
             operations += ["update(256)"] if prioritized else []
             for operation in operations:
                 series = {name: [] for name, _ in libraries}
                 for _ in range(repeats):      # interleaved: one call of each, in turn
                     for name, rb in libraries:
+                        if rb is None:
+                            if not operation.startswith("sample"):
+                                continue
+                            batch = int(operation[7:-1])
+                            drawn = np.random.default_rng().integers(0, fill_count, batch * 5)
+                            start = time.perf_counter()
+                            planes[drawn]                           # contiguous planes in
+                            floor_source[:batch].copy()             # two stacks out
+                            floor_source[:batch].copy()
+                            series[name].append((time.perf_counter() - start) * 1e6)
+                            continue
                         if operation == "add(1)":
                             # The step is made outside the timed call: only the add counts.
                             obs, act, rew, following, done = streams[name].step()
@@ -157,21 +176,27 @@ def main(argv=None) -> int:
                         series[name].append((time.perf_counter() - start) * 1e6)
                 for name, _ in libraries:
                     values = series[name]
+                    if not values:
+                        continue
                     rows.append({"library": name, "class": kind, "operation": operation,
                                  "median_us": statistics.median(values), "min_us": min(values),
                                  "max_us": max(values)})
         finally:
             ours.close()
     print(f"\n{'class':<24} {'operation':<12} {'cpprb_ray us':>13} {'cpprb us':>10} "
-          f"{'cpprb/ours':>10}")
+          f"{'cpprb/ours':>10} {'floor us':>9} {'cpprb/floor':>11}")
     for row in rows:
         if row["library"] != "cpprb_ray":
             continue
         peer = [r for r in rows if r["library"] == "cpprb" and r["class"] == row["class"]
                 and r["operation"] == row["operation"]]
         theirs_us = peer[0]["median_us"] if peer else float("nan")
+        floor = [r for r in rows if r["library"] == "memory floor" and r["class"] == row["class"]
+                 and r["operation"] == row["operation"]]
+        floor_us = floor[0]["median_us"] if floor else float("nan")
         print(f"{row['class']:<24} {row['operation']:<12} {row['median_us']:>13.1f} "
-              f"{theirs_us:>10.1f} {theirs_us / row['median_us']:>9.1f}x")
+              f"{theirs_us:>10.1f} {theirs_us / row['median_us']:>9.1f}x {floor_us:>9.1f} "
+              f"{theirs_us / floor_us:>10.1f}x")
     whole = cpprb_ray._layout.plan(size, cpprb_ray._layout.parse_env_dict(
         dict(env(), next_obs=dict(ENV["obs"]))), True, "shm").total_size
     for kind, figures in memory.items():

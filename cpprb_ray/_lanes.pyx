@@ -28,6 +28,7 @@ from cpprb_ray._core cimport (LINK_DEAD, LINK_FILLER, OP_ADD, OP_NONE, OP_UPDATE
                               ROW_INCOMPLETE, ST_CORRUPT, ST_LANE_FULL, ST_LANE_LOST, Header,
                               Lane, StoreView, ahead_of, is_live_row, lane_of, lane_start,
                               link_of, publish)
+from cpprb_ray._prefetch cimport prefetch
 from cpprb_ray._segtree cimport tree_refresh, tree_refresh_range, unset_leaf
 
 cdef extern from *:
@@ -408,6 +409,33 @@ cdef int64_t lanes_complete(StoreView* view, LaneComplete* a) noexcept nogil:
     return done
 
 
+cdef void prefetch_stacks(StoreView* view, int64_t slot, FrameColumn* frames,
+                          int frame_count, int64_t stack_max) noexcept nogil:
+    """Ask for every line of the planes a row's stacks read (a sampled row's planes are a few
+    random 7 KB blocks: a row ahead, their misses overlap the copy of the row before)."""
+    cdef int64_t link, ahead, lane, first, size, rel, start, stop, j, line, c
+    cdef const uint8_t* plane
+    if slot < 0 or slot >= view.capacity:
+        return
+    link = link_of(view, slot)[0]
+    ahead = ahead_of(view, slot)[0]
+    lane = lane_of(view, slot)
+    first = lane_start(view, lane)
+    size = lane_start(view, lane + 1) - first
+    if link < 1 or link > stack_max or not 0 <= ahead <= size // 2:
+        return
+    rel = slot - first
+    for c in range(frame_count):
+        # The planes from the obs stack's first to the next stack's last (one run of slots).
+        start = rel - link - frames[c].stack + 1 if frames[c].has_next else rel - frames[c].stack + 1
+        stop = rel + ahead if frames[c].has_next else rel
+        for j in range(start, stop + 1):
+            plane = (view.rows + (first + (j + 2 * size) % size) * view.stride
+                     + view.columns[frames[c].column])
+            for line in range(0, frames[c].plane_bytes, 64):
+                prefetch(plane + line)
+
+
 cdef int64_t lanes_gather(StoreView* view, const int64_t* indexes, int64_t batch,
                           uint64_t* generations, uint8_t** outputs, FrameColumn* frames,
                           int frame_count) noexcept nogil:
@@ -423,10 +451,14 @@ cdef int64_t lanes_gather(StoreView* view, const int64_t* indexes, int64_t batch
     for c in range(frame_count):
         stack_max = max(stack_max, frames[c].stack)
         frame_mask |= (<uint64_t>1) << frames[c].column
+    if batch and frame_count:
+        prefetch_stacks(view, indexes[0], frames, frame_count, stack_max)
     for k in range(batch):
         slot = indexes[k]
         if slot < 0 or slot >= view.capacity:
             return ST_CORRUPT
+        if k + 1 < batch and frame_count:
+            prefetch_stacks(view, indexes[k + 1], frames, frame_count, stack_max)
         link = link_of(view, slot)[0]
         ahead = ahead_of(view, slot)[0]
         if link < 1 or link > stack_max:
