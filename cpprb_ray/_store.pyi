@@ -30,6 +30,8 @@ def tree_problems(
 ) -> List[str]: ...
 
 @final
+class LaneError(RuntimeError): ...
+
 class ReplayStore:
     prioritized: bool
     lock_timeout: float

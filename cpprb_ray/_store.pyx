@@ -196,6 +196,12 @@ def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps,
 
 # -- statuses -> exceptions: the one place ------------------------------------------------------
 
+class LaneError(RuntimeError):
+    """An add found no lane for its handle: every lane is owned by a live handle (more
+    concurrent writers than lanes), or its own lane was taken over (its process was judged
+    dead). Nothing was added. (cpprb_ray.LaneError.)"""
+
+
 cdef int raise_status(int64_t status, ReplayStore store) except -1:
     if status == ST_EMPTY:
         raise ValueError("cannot sample from an empty buffer")
@@ -218,11 +224,11 @@ cdef int raise_status(int64_t status, ReplayStore store) except -1:
     if status == ST_LOCK_ERROR:
         raise OSError(store.view.lock_errno, "locking the buffer failed")
     if status == ST_NO_LANE:
-        raise RuntimeError(f"every one of the buffer's {store.view.lane_count} lanes is owned by "
+        raise LaneError(f"every one of the buffer's {store.view.lane_count} lanes is owned by "
                            f"a live handle: more handles add concurrently than it has lanes; "
                            f"make the buffer with more lanes (lanes=), or close a writer")
     if status == ST_LANE_LOST:
-        raise RuntimeError("this handle's lane was taken by another handle (this process was "
+        raise LaneError("this handle's lane was taken by another handle (this process was "
                            "judged dead); nothing was added")
     if status == ST_LANE_FULL:
         raise ValueError("the transitions of this add need more slots than a lane has (each "
@@ -1283,7 +1289,7 @@ cdef class ReplayStore:
 
     def claim_lane(self, uint64_t pid, uint64_t start, uint64_t token, uint64_t pidns, dead):
         """A free lane, or one of `dead` ((lanes, 4) uint64: lane, pid, start, token of owners
-        seen dead) whose owner did not change since; RuntimeError when there is none."""
+        seen dead) whose owner did not change since; LaneError when there is none."""
         cdef LaneClaim claim
         cdef const uint64_t[:, ::1] entries = dead
         if entries.shape[1] != 4:

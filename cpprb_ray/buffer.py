@@ -201,7 +201,8 @@ class ReplayBuffer:
             lane_config.check_lane_size(layout.capacity, segment.location)
             self._store.bind_lanes(layout.meta["lanes"]["offset"], lane_config.count,
                                    lane_config.store_specs(layout.columns))
-            self._lanes = frames.LaneWriter(self._store, lane_config, layout.columns)
+            self._lanes = frames.LaneWriter(self._store, lane_config, layout.columns,
+                                           layout.capacity)
         self._owner = owner
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()

@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from cpprb_ray import _proc, _rules
-from cpprb_ray._layout import Column
+from cpprb_ray._layout import Column, parse_env_dict
 
 MAX_STACK = 64          # planes per stack (_lanes.pyx)
 MAX_FRAME_COLUMNS = 8   # frame columns per buffer (_lanes.pxd)
@@ -204,8 +204,13 @@ class LaneConfig:
             return None
         by_name = {c.name: c for c in stored}
         try:
-            public = [(str(e["name"]), tuple(int(d) for d in e["shape"]), np.dtype(e["dtype"]))
-                      for e in lanes["public"]]
+            # The rules of a user's env_dict: a crafted record must not smuggle in an object
+            # dtype or a shape whose size overflows.
+            entries = {str(e["name"]): {"shape": tuple(e["shape"]), "dtype": e["dtype"]}
+                       for e in lanes["public"]}
+            if len(entries) != len(lanes["public"]):
+                raise ValueError("duplicate public columns")
+            public = [(c.name, c.shape, c.dtype) for c in parse_env_dict(entries)]
             shapes = {name: (shape, dtype) for name, shape, dtype in public}
             frames = []
             for entry in lanes["frames"]:
@@ -221,8 +226,18 @@ class LaneConfig:
                 frames.append(frame)
             if len(frames) > MAX_FRAME_COLUMNS:
                 raise ValueError("too many frame columns")
+            # Every stored column is a public one (a frame column as its plane), and every
+            # public one is stored or derived by next_of.
+            framed = {f.name for f in frames}
+            derived = {f.next for f in frames if f.next is not None}
+            for column in stored:
+                if column.name not in shapes or (column.name not in framed and shapes[
+                        column.name] != (column.shape, column.dtype)):
+                    raise ValueError(f"stored column {column.name!r} is not a public one")
+            if set(shapes) != set(by_name) | derived or derived & set(by_name):
+                raise ValueError("public columns do not match the stored ones")
             config = cls(int(lanes["count"]), frames, bool(lanes["uniform"]), public)
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ValueError(f"{location!r} is not a valid cpprb_ray buffer: unreadable lanes "
                              f"({error})") from None
         return config
@@ -246,8 +261,9 @@ class LaneWriter:
     """One handle's side of a laned buffer: its lane (claimed on the first add), the cached
     stacks that end it, and the staging of add's and sample's arrays."""
 
-    def __init__(self, store: Any, config: LaneConfig, stored: List[Column]):
+    def __init__(self, store: Any, config: LaneConfig, stored: List[Column], capacity: int):
         self._store = store
+        self._capacity = capacity
         self._config = config
         self._stored = stored
         self._framed = {f.name: f for f in config.frames}
@@ -317,6 +333,14 @@ class LaneWriter:
             raise _rules.shape_error(name, shape, array.shape)
         return np.ascontiguousarray(array.reshape((rows,) + shape), dtype=dtype)
 
+    def _chunk(self) -> int:
+        """Transitions one kernel call takes: as many as the smallest lane holds in the worst
+        case (each needs up to 2 * stack slots). A larger add goes in several calls; like a
+        ring's, its later rows overwrite its earlier ones."""
+        stack_max = max([f.stack for f in self._config.frames] + [1])
+        worst = 2 * stack_max if self._config.frames else 1
+        return max(1, (self._capacity // self._config.count) // worst)
+
     def add(self, columns: Dict[str, Any], priorities: Any, timeout: Optional[float], *,
             incomplete: bool = False, out: Optional[Tuple[np.ndarray, np.ndarray]] = None,
             count: int = -1) -> int:
@@ -324,20 +348,11 @@ class LaneWriter:
         complete() (`columns` then are the staging's arrays, `count` rows of every public
         column but those N-step derives, of exact dtypes); `out`: (slots, generations) to fill."""
         if incomplete:
-            values = [columns[c.name] if c.name in columns else
-                      np.zeros((count,) + c.shape, dtype=c.dtype)
-                      for c in self._stored if c.name not in self._framed]
-            plain = iter(values)
-            values = [None if c.name in self._framed else next(plain) for c in self._stored]
-            stacks = [(np.ascontiguousarray(columns[f.name]),
-                       None if f.next is None else np.ascontiguousarray(columns[f.next]), cache)
-                      for f, cache in zip(self._config.frames, self._caches)]
-            lane = self._claim()
-            return int(self._store.add_lanes(
-                lane, self._token, count, [None if v is None else np.ascontiguousarray(v)
-                                           for v in values], stacks, None,
-                self._cache_writes, timeout, incomplete=True, out_slots=out[0] if out else None,
-                out_generations=out[1] if out else None))
+            staged = {name: np.ascontiguousarray(columns[name]) for name in columns}
+            for column in self._stored:
+                if column.name not in staged and column.name not in self._framed:
+                    staged[column.name] = np.zeros((count,) + column.shape, dtype=column.dtype)
+            return self._write(staged, count, None, timeout, True, out)
         if len(columns) != len(self._public_names) or set(columns) != self._public_names:
             missing = sorted(self._public_names - set(columns))
             unknown = sorted(set(columns) - self._public_names)
@@ -357,12 +372,29 @@ class LaneWriter:
             raise ValueError("add needs at least one row")
         if priorities is not None:
             priorities = _rules.real_vector(priorities, count, "priorities")
-        values = [None if c.name in self._framed else staged[c.name] for c in self._stored]
-        stacks = [(staged[f.name], None if f.next is None else staged[f.next], cache)
-                  for f, cache in zip(self._config.frames, self._caches)]
+        return self._write(staged, count, priorities, timeout, False, None)
+
+    def _write(self, staged: Dict[str, np.ndarray], count: int, priorities: Any,
+               timeout: Optional[float], incomplete: bool,
+               out: Optional[Tuple[np.ndarray, np.ndarray]]) -> int:
         lane = self._claim()
-        return int(self._store.add_lanes(lane, self._token, count, values, stacks, priorities,
-                                         self._cache_writes, timeout))
+        chunk = self._chunk()
+        first = -1
+        for start in range(0, count, chunk):
+            stop = min(start + chunk, count)
+            part = {name: array[start:stop] for name, array in staged.items()}
+            values = [None if c.name in self._framed else part[c.name] for c in self._stored]
+            stacks = [(part[f.name], None if f.next is None else part[f.next], cache)
+                      for f, cache in zip(self._config.frames, self._caches)]
+            slot = int(self._store.add_lanes(
+                lane, self._token, stop - start, values, stacks,
+                None if priorities is None else priorities[start:stop], self._cache_writes,
+                timeout, incomplete=incomplete,
+                out_slots=None if out is None else out[0][start:stop],
+                out_generations=None if out is None else out[1][start:stop]))
+            if first < 0:
+                first = slot
+        return first
 
     def complete(self, rows: Mapping[str, np.ndarray], priorities: Optional[np.ndarray],
                  slots: np.ndarray, generations: np.ndarray, last_slots: np.ndarray,

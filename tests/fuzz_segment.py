@@ -51,7 +51,7 @@ from cpprb_ray import _memory, _store
 
 LOCK_TIMEOUT_S = 0.3
 ATTACH_CHECK_S = 0.5       # how long attach watches a lock word naming a thread that is gone
-EXPECTED = (ValueError, TimeoutError, OSError, IndexError, MemoryError)
+EXPECTED = (ValueError, TimeoutError, OSError, IndexError, MemoryError, cpprb_ray.LaneError)
 FUTEX_WAITERS = 0x80000000
 FUTEX_OWNER_DIED = 0x40000000
 OP_CODES = {"none": 0, "add": 1, "update": 2, "clear": 3}
@@ -169,6 +169,7 @@ class Segment:
         self.header = _store.read_header(memory)
         self.capacity = int(self.header["capacity"])
         self.fields = ("magic",) + _store._HEADER_FIELDS
+        self.lanes: Dict[str, Any] = {}     # a laned segment's lane table (run_case)
 
     def field_offset(self, name: str) -> int:
         return 8 * self.fields.index(name)
@@ -286,7 +287,9 @@ def layout_mutation(rng: random.Random) -> Mutation:
         else:
             try:
                 document = json.loads(data)
-            except ValueError:   # an earlier mutation of this case broke it already
+            # An earlier mutation of this case broke it already (RecursionError: nested
+            # thousands deep by a "nest" mutation).
+            except (ValueError, RecursionError):
                 return "layout value: skipped (the JSON is already unreadable)"
             target, label = replace_somewhere(document, path_pick, value)
             text = json.dumps(target).encode()
@@ -371,6 +374,36 @@ def rows_mutation(rng: random.Random) -> Mutation:
     return apply
 
 
+INT32_VALUES = [-2**31, -1000, -3, -2, -1, 0, 1, 2, 3, 4, 5, 7, 1000, 2**31 - 1]
+
+
+def lane_mutation(rng: random.Random, capacity: int) -> Mutation:
+    """A laned segment's own state: a lane record's field, a record's link or its ahead (the
+    int32 that says where an N-step row's next stack ends), or the add in flight's lane."""
+    what = rng.choice(["lane", "lane", "link", "ahead", "pending"])
+    lane = rng.randint(0, 2)
+    field = rng.randint(0, 7)
+    value = rng.choice(u64_values(capacity)) if rng.random() < 0.8 else rng.getrandbits(64)
+    small = rng.choice(INT32_VALUES)
+    fraction = rng.random()
+
+    def apply(s: Segment) -> str:
+        slot = int(fraction * s.capacity)
+        record = int(s.header["data_offset"]) + slot * int(s.header["row_stride"])
+        if what == "lane":
+            lanes = int(s.lanes["count"])
+            s.put_u64(int(s.lanes["offset"]) + (lane % lanes) * 64 + 8 * field, value)
+            return f"lane {lane % lanes} field {field} = {value:#x}"
+        if what in ("link", "ahead"):
+            struct.pack_into("<i", s.memory, record + (8 if what == "link" else 12), small)
+            return f"{what} of slot {slot} = {small}"
+        s.put_u64(s.field_offset("pending_lane"), value)
+        s.put_u64(s.field_offset("op"), 1)
+        s.put_u32(_store.MUTEX_OFFSET, FUTEX_OWNER_DIED | DEAD_TID)
+        return f"dead holder mid-add in lane {value:#x}"
+    return apply
+
+
 def make_mutations(rng: random.Random, category: str, capacity: int,
                    live_tids: List[int]) -> List[Mutation]:
     if category == "header":
@@ -414,6 +447,16 @@ class Case:
         self.beta = rng.choice([0.4, 0.0, 1.0])
         self.mutations = make_mutations(rng, self.category, self.capacity, live_tids)
         self.values_seed = rng.getrandbits(32)
+        # Laned buffers (lanes, next_of, stack_compress): drawn after everything above, so
+        # that the cases of earlier runs stay what they were. Their own state is corrupted too.
+        self.lanes = 0
+        self.frames = False
+        if rng.random() < 0.3:
+            self.lanes = rng.choice([1, 2]) if self.capacity >= 2 else 1
+            # A stack of 3 needs lanes of at least 12 slots.
+            self.frames = rng.random() < 0.7 and self.capacity >= 12 * self.lanes
+            self.mutations += [lane_mutation(rng, self.capacity)
+                               for _ in range(rng.choice([0, 1, 1, 2, 3]))]
 
 
 def make_rows(env_dict: Dict[str, Dict[str, Any]], count: int, rng: np.random.Generator
@@ -521,6 +564,10 @@ def run_case(seed: int, case_id: int, shm_prefix: str, directory: str, live_tids
         options.update(alpha=case.alpha, eps=case.eps)
     if case.nstep:
         options["Nstep"] = NSTEP
+    if case.lanes:
+        options["lanes"] = case.lanes
+        if case.frames:
+            options.update(next_of="obs", stack_compress="obs")
     if case.backend == "shm":
         options.update(backend="shm", name=f"{shm_prefix}_{case_id}")
     else:
@@ -538,6 +585,7 @@ def run_case(seed: int, case_id: int, shm_prefix: str, directory: str, live_tids
                 owner.add(**rows)
             owner.on_episode_end()
         segment = Segment(owner._segment.memory)
+        segment.lanes = owner._layout.meta.get("lanes") or {"count": 1, "offset": 0}
         for mutate in case.mutations:
             report.line(f"M {case_id} {json.dumps(mutate(segment))}")
         ok, view = report.run(case_id, "attach", lambda: cpprb_ray.attach(

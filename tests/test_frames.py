@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 
+import cpprb_ray
+
 from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer, _layout
 from cpprb_ray.frames import LaneConfig
 from tests import _frame_streams as streams
@@ -102,14 +104,14 @@ def test_lanes_without_frames_and_too_many_writers(backend):
         assert rb.add(obs=[1.0, 2.0]) == 0               # lane 0 is slots [0, 4)
         assert first.add(obs=[3.0, 4.0, 5.0]) == 4       # lane 1 is [4, 8)
         assert first.add(obs=[6.0, 7.0]) == 7            # wraps onto slot 4
-        with pytest.raises(RuntimeError, match="lanes"):
+        with pytest.raises(cpprb_ray.LaneError, match="lanes"):
             second.add(obs=9.0)
         assert rb.get_stored_size() == 6
-        with pytest.raises(ValueError, match="slots"):
-            first.add(obs=np.arange(5.0))                # more rows than a lane has
+        # More rows than a lane holds: the later ones overwrite the earlier, as in a ring.
+        assert first.add(obs=np.arange(10.0, 15.0)) == 5
         first.close()    # frees its lane; its rows stay
-        assert second.add(obs=9.0) == 5
-        assert sorted(rb.get_all_transitions()["obs"].ravel()) == [1, 2, 5, 6, 7, 9]
+        assert second.add(obs=9.0) == 6
+        assert sorted(rb.get_all_transitions()["obs"].ravel()) == [1, 2, 9, 12, 13, 14]
         assert rb.update_priorities([5], [3.0]) == 1
 
 
@@ -189,7 +191,7 @@ def test_writer_processes_a_learner_and_a_killed_writer(cls):
             assert said.poll(60), "a writer did not start"
             started.append(said.recv())
         assert sorted(lane for _, lane in started) == [0, 1, 2]
-        with pytest.raises(RuntimeError, match="lanes"):
+        with pytest.raises(cpprb_ray.LaneError, match="lanes"):
             rb.add(**streams.Stream(9, 9).transitions(1))   # all three lanes are taken
 
         def learn(seconds):
