@@ -66,8 +66,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_compare_worker.py")
 
 #: Time budgets per case (benchmarks/_headline.plan_rounds reads them).
-FULL = {"budget_s": 1.0, "min_rounds": 50, "max_rounds": 2000, "cold_budget_s": 2.0,
-        "cold_min_rounds": 20, "cold_max_rounds": 300, "warmup": 20}
+FULL = {"budget_s": 1.0, "min_rounds": 20, "max_rounds": 2000, "cold_budget_s": 2.0,
+        "cold_min_rounds": 10, "cold_max_rounds": 300, "warmup": 10}
 QUICK = {"budget_s": 0.15, "min_rounds": 15, "max_rounds": 300, "cold_budget_s": 0.4,
          "cold_min_rounds": 8, "cold_max_rounds": 60, "warmup": 5}
 SMOKE = {"budget_s": 0.01, "min_rounds": 3, "max_rounds": 20, "cold_budget_s": 0.02,
