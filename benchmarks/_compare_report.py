@@ -209,12 +209,19 @@ def plots(payload: Dict[str, Any], out_dir: str) -> Tuple[List[str], str]:
     written = []
     for operation in workloads.OPERATIONS:
         mine = [row for row in rows if row["operation"] == operation]
-        panels = list(dict.fromkeys((row["batch"], row["warmth"]) for row in mine))
-        if not panels:
+        batches = sorted({row["batch"] for row in mine})
+        warmths = [w for w in workloads.WARMTHS if any(row["warmth"] == w for row in mine)]
+        if not mine:
             continue
-        figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2),
-                                    squeeze=False)
-        for axis, (batch, warmth) in zip(axes[0], panels):
+        # A row of panels per batch, a column per warmth.
+        figure, axes = plt.subplots(len(batches), len(warmths), squeeze=False,
+                                    figsize=(5.5 * len(warmths), 4.2 * len(batches)))
+        for (row_index, batch), (column, warmth) in (
+                (b, w) for b in enumerate(batches) for w in enumerate(warmths)):
+            axis = axes[row_index][column]
+            if not any(row["batch"] == batch and row["warmth"] == warmth for row in mine):
+                axis.set_visible(False)  # e.g. --quick: only the learner step is cold
+                continue
             for key, library in workloads.LIBRARIES.items():
                 points = sorted((row["capacity"], row["median_us"]) for row in mine
                                 if row["library"] == key and row["batch"] == batch
