@@ -13,9 +13,11 @@ from typing import Any, Dict, List, Optional, Tuple
 if __package__:
     from . import _common as common
     from . import _workloads as workloads
+    from . import bench_apex
 else:  # imported by a script run from this folder
     import _common as common
     import _workloads as workloads
+    import bench_apex
 
 #: The group whose figures stand for a library measured in several groups.
 HOME = {key: (group,) for key, group in workloads.HOME_GROUP.items()}
@@ -106,11 +108,20 @@ def detail_table(rows: List[Dict[str, Any]]) -> str:
 
 
 def _apex_table(result: Dict[str, Any]) -> str:
+    """bench_apex.py's ways, with the shared buffer's rates over each (bench_apex.ratios:
+    of the totals, and of the medians of the per-second rates in brackets)."""
+    results = result.get("results", {})
     rows = []
-    for way, figures in result.get("results", {}).items():
-        rows.append([way, f"{figures['rows_added_per_s']:,.0f}",
-                     f"{figures['learner_steps_per_s']:,.1f}"])
-    return common.markdown_table(["way", "rows added/s", "learner steps/s"], rows, "lrr")
+    for way, figures in results.items():
+        ratio = bench_apex.ratios(results, way) if way != "shared" else None
+        cells = [bench_apex.LABELS.get(way, way), f"{figures['rows_added_per_s']:,.0f}",
+                 f"{figures['learner_steps_per_s']:,.1f}"]
+        for key in bench_apex.RATES:
+            cells.append("-" if ratio is None else
+                         f"{ratio[key]['total']:.1f}x ({ratio[key]['median']:.1f}x)")
+        rows.append(cells)
+    return common.markdown_table(["way", "rows added/s", "learner steps/s",
+                                  "shared / this, rows", "shared / this, steps"], rows, "lrrrr")
 
 
 def _frames_table(result: Dict[str, Any]) -> str:
@@ -142,8 +153,10 @@ def markdown(payload: Dict[str, Any], detail: bool) -> str:
         for key, why in result["skipped"].items():
             out.append(f"- skipped: {key} (in process {group}): {why}")
     out += ["", "µs per call, single calls interleaved one by one between the libraries of a "
-            "process; a peer's ratio is its median / cpprb_ray's median measured in the same "
-            "process and rounds (cold: a 64 MiB cache sweep before every call).", ""]
+            "process (cold: a 64 MiB cache sweep before every call). A peer's ratio is its "
+            "median / the median of the cpprb_ray buffer or tree measured in the SAME process "
+            "and rounds; the cpprb_ray columns come from process cpprb (buffer) and rllib "
+            "(tree), so a ratio need not be the quotient of two columns.", ""]
     rows = payload["rows"]
     for title, keys in (("Buffers", BUFFERS), ("Segment trees", TREES)):
         table = summary_table(rows, keys)
@@ -196,12 +209,19 @@ def plots(payload: Dict[str, Any], out_dir: str) -> Tuple[List[str], str]:
     written = []
     for operation in workloads.OPERATIONS:
         mine = [row for row in rows if row["operation"] == operation]
-        panels = list(dict.fromkeys((row["batch"], row["warmth"]) for row in mine))
-        if not panels:
+        batches = sorted({row["batch"] for row in mine})
+        warmths = [w for w in workloads.WARMTHS if any(row["warmth"] == w for row in mine)]
+        if not mine:
             continue
-        figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2),
-                                    squeeze=False)
-        for axis, (batch, warmth) in zip(axes[0], panels):
+        # A row of panels per batch, a column per warmth.
+        figure, axes = plt.subplots(len(batches), len(warmths), squeeze=False,
+                                    figsize=(5.5 * len(warmths), 4.2 * len(batches)))
+        for (row_index, batch), (column, warmth) in (
+                (b, w) for b in enumerate(batches) for w in enumerate(warmths)):
+            axis = axes[row_index][column]
+            if not any(row["batch"] == batch and row["warmth"] == warmth for row in mine):
+                axis.set_visible(False)  # e.g. --quick: only the learner step is cold
+                continue
             for key, library in workloads.LIBRARIES.items():
                 points = sorted((row["capacity"], row["median_us"]) for row in mine
                                 if row["library"] == key and row["batch"] == batch

@@ -50,6 +50,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -66,14 +67,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_compare_worker.py")
 
 #: Time budgets per case (benchmarks/_headline.plan_rounds reads them).
-FULL = {"budget_s": 1.0, "min_rounds": 50, "max_rounds": 2000, "cold_budget_s": 2.0,
-        "cold_min_rounds": 20, "cold_max_rounds": 300, "warmup": 20}
+FULL = {"budget_s": 1.0, "min_rounds": 20, "max_rounds": 2000, "cold_budget_s": 2.0,
+        "cold_min_rounds": 10, "cold_max_rounds": 300, "warmup": 10}
 QUICK = {"budget_s": 0.15, "min_rounds": 15, "max_rounds": 300, "cold_budget_s": 0.4,
          "cold_min_rounds": 8, "cold_max_rounds": 60, "warmup": 5}
 SMOKE = {"budget_s": 0.01, "min_rounds": 3, "max_rounds": 20, "cold_budget_s": 0.02,
          "cold_min_rounds": 2, "cold_max_rounds": 5, "warmup": 1}
 
-#: Timeouts of the other benchmarks' runs (seconds), quick and full.
+#: Timeouts (seconds) of a group's process and of the other benchmarks' runs: quick, full.
+GROUP_TIMEOUT_S = {True: 600, False: 4 * 3600}
 EXTRA_TIMEOUT_S = {True: 150, False: 3600}
 
 
@@ -126,10 +128,12 @@ def parse_peer_pythons(values: List[str], parser: argparse.ArgumentParser) -> Di
 
 
 def run_group(group: str, python: str, cases: List[workloads.Case], plan: Dict[str, Any],
-              seed: int, work_dir: str, advance) -> Tuple[Optional[Dict[str, Any]], str]:
+              seed: int, work_dir: str, advance, timeout_s: float
+              ) -> Tuple[Optional[Dict[str, Any]], str]:
     """Run one group's worker under `python`: (its result, "") or (None, why it did not run).
 
-    `advance(label)` is called after every case the worker reports.
+    `advance(label)` is called after every case the worker reports; a worker still running
+    after `timeout_s` is killed (the group is then skipped with that reason).
     """
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         return None, f"interpreter {python} not found or not executable"
@@ -148,13 +152,20 @@ def run_group(group: str, python: str, cases: List[workloads.Case], plan: Dict[s
     process = subprocess.Popen([python, WORKER, spec_path, out_path], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, env=env)
     other: List[str] = []
-    assert process.stdout is not None
-    for line in process.stdout:
-        if line.startswith("@progress "):
-            advance(line[len("@progress "):].strip())
-        else:
-            other.append(line.rstrip("\n"))
-    status = process.wait()
+    watchdog = threading.Timer(timeout_s, process.kill)
+    watchdog.start()
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("@progress "):
+                advance(line[len("@progress "):].strip())
+            else:
+                other.append(line.rstrip("\n"))
+        status = process.wait()
+    finally:
+        watchdog.cancel()
+    if time.perf_counter() - started >= timeout_s:
+        return None, f"its worker under {python} was killed after {timeout_s:g} s"
     if status != 0 or not os.path.isfile(out_path):
         tail = " | ".join(line for line in other[-6:] if line.strip())
         return None, f"its worker under {python} exited with status {status}: {tail}"
@@ -262,7 +273,6 @@ def main(argv=None) -> int:
     if not args.smoke:
         pythons.update(discover_pythons())
     pythons.update(args.pythons)
-    extras = [] if args.smoke else None
     os.makedirs(args.out, exist_ok=True)
     info: Dict[str, Any] = {"machine": common.machine(), "cpus": os.cpu_count(),
                             "command": " ".join(["python"] + sys.argv), "quick": args.quick,
@@ -271,7 +281,7 @@ def main(argv=None) -> int:
     groups: Dict[str, Any] = {}
     skipped: Dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="cpprb_ray_compare_") as work_dir:
-        commands = extra_commands(args.quick, work_dir) if extras is None else []
+        commands = [] if args.smoke else extra_commands(args.quick, work_dir)
         bar = progress_bar(len(workloads.GROUPS) * len(cases) + len(commands))
 
         def advance(label: str) -> None:
@@ -280,7 +290,8 @@ def main(argv=None) -> int:
                 bar.update(1)
 
         for group, python in pythons.items():
-            result, why = run_group(group, python, cases, plan, args.seed, work_dir, advance)
+            result, why = run_group(group, python, cases, plan, args.seed, work_dir, advance,
+                                    GROUP_TIMEOUT_S[args.quick or args.smoke])
             if result is None:
                 skipped[group] = why
                 print(f"group skipped: {group}: {why}", file=sys.stderr, flush=True)
