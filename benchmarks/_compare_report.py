@@ -125,10 +125,11 @@ def _apex_table(result: Dict[str, Any]) -> str:
 
 
 def _frames_table(result: Dict[str, Any]) -> str:
-    rows = [[str(row["library"]), str(row["operation"]), f"{row['median_us']:.2f}",
-             f"{row['min_us']:.2f}", f"{row['max_us']:.2f}"] for row in result.get("rows", [])]
-    return common.markdown_table(["library", "operation", "median µs", "min µs", "max µs"],
-                                 rows, "llrrr")
+    rows = [[str(row["library"]), str(row.get("class", "")), str(row["operation"]),
+             f"{row['median_us']:.2f}", f"{row['min_us']:.2f}", f"{row['max_us']:.2f}"]
+            for row in result.get("rows", [])]
+    return common.markdown_table(["library", "class", "operation", "median µs", "min µs",
+                                  "max µs"], rows, "lllrrr")
 
 
 def markdown(payload: Dict[str, Any], detail: bool) -> str:

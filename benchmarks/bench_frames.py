@@ -2,6 +2,9 @@
 
     python benchmarks/bench_frames.py [--quick] [--size N] [--writers 4] [--json FILE]
 
+(`--quick`: 2**13 rows, what benchmarks/compare.py --quick runs; by default 2**20 rows, of
+which 2**17 are filled: the rows sampled lie far outside every cache either way.)
+
 Layout: obs uint8 (84, 84, 4) (a frame stack), act int64, rew float32, done float32, next_obs
 by next_of, stack_compress="obs". Both libraries get the same episodes (frames of random bytes,
 episodes of 20 to 2,000 steps) one step per add, with a priority per add for the prioritized
@@ -100,15 +103,15 @@ def writer(handle, seed: int, seconds: float, queue):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2**14 rows, fewer repetitions")
-    parser.add_argument("--size", type=int, default=None, help="rows (default 2**20; quick 2**14)")
+    parser.add_argument("--quick", action="store_true", help="2**13 rows, fewer repetitions")
+    parser.add_argument("--size", type=int, default=None, help="rows (default 2**20; quick 2**13)")
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=None, help="the writers' run")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    size = args.size or (2**14 if args.quick else 2**20)
-    repeats = 30 if args.quick else 100
-    seconds = args.seconds or (2.0 if args.quick else 10.0)
+    size = args.size or (2**13 if args.quick else 2**20)
+    repeats = 20 if args.quick else 100
+    seconds = args.seconds or (1.0 if args.quick else 10.0)
     cpprb_ray = _common.import_cpprb_ray()
     try:
         import cpprb
@@ -125,7 +128,7 @@ def main(argv=None) -> int:
                   if cpprb is not None else None)
         try:
             memory[kind] = {"nbytes": ours.nbytes, "rows": size}
-            fill_count = min(size, 2**14 if args.quick else 2**17)
+            fill_count = min(size, 2**13 if args.quick else 2**17)
             print(f"{kind}: filling {fill_count} steps each ...", flush=True)
             fill(ours, Episodes(0), fill_count, prioritized)
             if theirs is not None:
