@@ -137,7 +137,7 @@ endef
 # Everything that drives the extensions in this process: the tree, the mutex, the store (through
 # the buffer), bad input, the defects, and the docstring examples.
 DEBUG_TESTS := tests/test_segtree.py tests/test_sync.py tests/test_doctests.py tests/test_buffer.py \
-    tests/test_bad_input.py tests/test_defects.py
+    tests/test_bad_input.py tests/test_defects.py tests/test_frames.py
 
 # $(call checking_venv,DIR): a fresh venv in DIR with what a checking build (debug, sanitizer)
 # needs to build and run the extension tests; nothing else.
@@ -181,7 +181,11 @@ test-debug: .venv-debug/.deps
 
 ASAN_SRC := .venv-asan/src
 ASAN_TESTS := tests/test_segtree.py tests/test_sync.py tests/test_buffer.py tests/test_bad_input.py \
-    tests/test_defects.py tests/test_fuzz.py tests/test_nstep.py
+    tests/test_defects.py tests/test_fuzz.py tests/test_nstep.py \
+    $(addprefix tests/test_frames.py::test_,two_streams_wrap_around_and_come_back_exact \
+        next_of_alone_and_stack_compress_alone lanes_without_frames_and_too_many_writers \
+        priorities_generations_and_eviction bad_input_leaves_the_buffer_unchanged \
+        nstep_rows_equal_those_of_a_buffer_without_frames)
 ASAN_CFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g
 ASAN_FUZZ_SECONDS ?= 20
 

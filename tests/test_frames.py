@@ -252,9 +252,10 @@ def test_writers_killed_mid_add_leave_nothing_torn():
         assert tree_problems(rb._store.check_tree()) == []
 
 
-def test_ray_actors_add_episodes(ray_session):
+def test_ray_actors_add_episodes(request):
+    pytest.importorskip("ray")    # (the debug and sanitizer venvs have no Ray)
+    ray = request.getfixturevalue("ray_session")
     backend = "auto"
-    ray = ray_session
 
     @ray.remote(num_cpus=0)
     class Writer:
