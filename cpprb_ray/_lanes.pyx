@@ -40,9 +40,10 @@ cdef extern from *:
     #endif
     /* The uint8 x 4 stack (Atari's), with restrict pointers so that gcc vectorizes the
        interleave (without them it must assume the planes and the stack overlap). */
-    #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
     /* AVX2 where the CPU has it (picked when the module loads), SSE2 elsewhere: wheels must
-       run on any x86_64. Measured: sample(32) of Atari stacks about 15 % faster. */
+       run on any x86_64 (ifuncs: glibc only). Measured: a sample(32) of Atari stacks about
+       15 % faster. */
     #define CPPRB_RAY_CLONES __attribute__((target_clones("avx2", "default")))
     #else
     #define CPPRB_RAY_CLONES
