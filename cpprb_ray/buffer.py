@@ -80,6 +80,16 @@ class ReplayBuffer:
         it, and ``add(..., timeout=)`` / ``sample(..., timeout=)`` wait while it holds them
         back (see :mod:`cpprb_ray.rate_limiters` and docs/rate_limiting.md). None (the
         default): no limiter, no cost.
+    next_of : str or list of str, optional
+        cpprb's argument: ``next_<name>`` is not stored but read from the next slot of the
+        writer's lane; add still takes it (env_dict may list it or not), sample returns it.
+    stack_compress : str or list of str, optional
+        cpprb's argument: the column's last axis is a frame stack; a slot keeps its newest
+        frame only. Every row still comes back exactly as added (docs/frames.md).
+    lanes : int, optional
+        Split the ring into this many lanes, one per concurrent writing handle (claimed on
+        its first add, given back on close or when its process dies); more writers than lanes
+        raise :class:`cpprb_ray.LaneError`. 1 with next_of / stack_compress, else no lanes.
 
     Raises
     ------
@@ -966,7 +976,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     Parameters
     ----------
-    size, env_dict, backend, name, path, seed, Nstep, rate_limiter, default_dtype
+    size, env_dict, backend, name, path, seed, Nstep, rate_limiter, default_dtype, next_of,
+    stack_compress, lanes
         As for :class:`ReplayBuffer`. With ``Nstep``, the priorities given with a step go
         into the segment with that step's n-step transition.
     alpha : float
