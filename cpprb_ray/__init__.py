@@ -13,9 +13,9 @@ Examples
 (2, 3)
 """
 
-from cpprb_ray._store import LaneError
 from cpprb_ray._orphans import list_buffers, remove_buffer, remove_orphans
 from cpprb_ray._ownership import install_sigterm_handler
+from cpprb_ray._store import LaneError
 from cpprb_ray.buffer import PrioritizedReplayBuffer, ReplayBuffer, attach
 from cpprb_ray.multiprocess import MPPrioritizedReplayBuffer, MPReplayBuffer
 from cpprb_ray.rate_limiters import MinSize, RateLimiter, SampleToInsertRatio

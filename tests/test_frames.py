@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import cpprb_ray
-
 from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer, _layout
 from cpprb_ray.frames import LaneConfig
 from tests import _frame_streams as streams
