@@ -274,6 +274,8 @@ class LaneWriter:
         self._pid = os.getpid()
         self._cache_writes = np.zeros(1, dtype=np.uint64)
         self._caches = [np.empty(f.shape, dtype=f.dtype) for f in config.frames]
+        self._chunk_size = self._chunk()
+        self._store_order = [(c.name, c.name in self._framed) for c in stored]
 
     @property
     def public(self) -> List[Tuple[str, Tuple[int, ...], np.dtype]]:
@@ -324,7 +326,18 @@ class LaneWriter:
     # -- add --------------------------------------------------------------------------------
 
     def _stage(self, name: str, value: Any, shape: Tuple[int, ...], dtype: np.dtype):
-        array = value if type(value) is np.ndarray else np.asarray(value)
+        value_type = type(value)
+        # The common cases first: one row as an array of its exact dtype and shape (a frame
+        # stack), and a Python number for a one-number column.
+        if value_type is np.ndarray:
+            if value.dtype is dtype and value.shape == shape and value.flags.c_contiguous:
+                return value.reshape((1,) + shape)
+            array = value
+        elif shape == (1,) and (value_type is float or value_type is int) and (
+                dtype.kind == "f" or (value_type is int and dtype.kind in "iu")):
+            return np.array(((value,),), dtype=dtype)
+        else:
+            array = np.asarray(value)
         if array.dtype != dtype:
             if not _rules.can_cast(array.dtype, dtype):
                 raise _rules.cast_error(name, dtype, array.dtype)
@@ -378,20 +391,20 @@ class LaneWriter:
                timeout: Optional[float], incomplete: bool,
                out: Optional[Tuple[np.ndarray, np.ndarray]]) -> int:
         lane = self._claim()
-        chunk = self._chunk()
+        chunk = self._chunk_size
         first = -1
         for start in range(0, count, chunk):
             stop = min(start + chunk, count)
-            part = {name: array[start:stop] for name, array in staged.items()}
-            values = [None if c.name in self._framed else part[c.name] for c in self._stored]
+            part = staged if stop - start == count else {
+                name: array[start:stop] for name, array in staged.items()}
+            values = [None if framed else part[name] for name, framed in self._store_order]
             stacks = [(part[f.name], None if f.next is None else part[f.next], cache)
                       for f, cache in zip(self._config.frames, self._caches)]
-            slot = int(self._store.add_lanes(
+            slot = self._store.add_lanes(
                 lane, self._token, stop - start, values, stacks,
                 None if priorities is None else priorities[start:stop], self._cache_writes,
-                timeout, incomplete=incomplete,
-                out_slots=None if out is None else out[0][start:stop],
-                out_generations=None if out is None else out[1][start:stop]))
+                timeout, incomplete, None if out is None else out[0][start:stop],
+                None if out is None else out[1][start:stop])
             if first < 0:
                 first = slot
         return first
