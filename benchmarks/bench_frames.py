@@ -14,7 +14,8 @@ step, sample(32), sample(256), update(256). Then cpprb_ray with `--writers` writ
 second out; cpprb's next_of/stack_compress cannot be shared between processes at all.
 
 Also the memory: the segment's bytes (rb.nbytes) at the size, against the same layout with
-both stacks stored whole.
+both stacks stored whole; and the floor of any sample: the bytes it must move (per row, 5
+planes read, two stacks written) at the copy bandwidth of one core (np.copyto of 256 MiB).
 
 --json FILE writes {"rows": [{"library", "operation", "median_us", "min_us", "max_us"}, ...],
 "memory": {...}, "writers": {...}} (benchmarks/compare.py reads "rows").
@@ -101,6 +102,28 @@ def writer(handle, seed: int, seconds: float, queue):
     handle.close()
 
 
+def copy_bandwidth() -> float:
+    """Bytes per second one core moves (read + written) copying 256 MiB: the floor of any
+    sample, which must read a row's planes and write its stacks."""
+    source = np.ones(2**28, dtype=np.uint8)
+    target = np.empty_like(source)
+    np.copyto(target, source)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.nbytes / best
+
+
+def sample_floor_us(batch: int, bandwidth: float) -> float:
+    """The least time a sample(batch) of this layout can take: per row, 5 planes read (obs's
+    4 and next_obs's newest) and two stacks written, at the copy bandwidth."""
+    plane = 84 * 84
+    moved = batch * (5 * plane + 2 * 4 * plane)
+    return moved / bandwidth * 1e6
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2**13 rows, fewer repetitions")
@@ -120,6 +143,8 @@ def main(argv=None) -> int:
         print(f"cpprb: skipped ({error})")
     rows = []
     memory = {}
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth (one core, 256 MiB): {bandwidth / 1e9:.1f} GB/s moved")
     for kind in ("ReplayBuffer", "PrioritizedReplayBuffer"):
         prioritized = kind.startswith("Prioritized")
         ours = getattr(cpprb_ray, kind)(size, env(), next_of="obs", stack_compress="obs",
@@ -137,31 +162,12 @@ def main(argv=None) -> int:
             streams = {name: Episodes(1) for name, _ in libraries}
             indexes = np.random.default_rng(2).integers(0, fill_count, 256)
             priorities = np.random.default_rng(3).random(256) + 0.1
-            # The floor of any sample: the bytes it must move, moved by numpy without any
-            # bookkeeping: 5 random planes per row in (the 4 of obs and next_obs's newest),
-            # two stacks per row out. No library can sample faster than its memory allows.
-            planes = np.random.default_rng(4).integers(0, 256, (fill_count, 84, 84),
-                                                       dtype=np.uint8)
-            floor_source = np.random.default_rng(5).integers(0, 256, (256, 84, 84, 4),
-                                                             dtype=np.uint8)
-            libraries.append(("memory floor", None))
             operations = ["add(1)", "sample(32)", "sample(256)"]
             operations += ["update(256)"] if prioritized else []
             for operation in operations:
                 series = {name: [] for name, _ in libraries}
                 for _ in range(repeats):      # interleaved: one call of each, in turn
                     for name, rb in libraries:
-                        if rb is None:
-                            if not operation.startswith("sample"):
-                                continue
-                            batch = int(operation[7:-1])
-                            drawn = np.random.default_rng().integers(0, fill_count, batch * 5)
-                            start = time.perf_counter()
-                            planes[drawn]                           # contiguous planes in
-                            floor_source[:batch].copy()             # two stacks out
-                            floor_source[:batch].copy()
-                            series[name].append((time.perf_counter() - start) * 1e6)
-                            continue
                         if operation == "add(1)":
                             # The step is made outside the timed call: only the add counts.
                             obs, act, rew, following, done = streams[name].step()
@@ -179,8 +185,6 @@ def main(argv=None) -> int:
                         series[name].append((time.perf_counter() - start) * 1e6)
                 for name, _ in libraries:
                     values = series[name]
-                    if not values:
-                        continue
                     rows.append({"library": name, "class": kind, "operation": operation,
                                  "median_us": statistics.median(values), "min_us": min(values),
                                  "max_us": max(values)})
@@ -194,9 +198,8 @@ def main(argv=None) -> int:
         peer = [r for r in rows if r["library"] == "cpprb" and r["class"] == row["class"]
                 and r["operation"] == row["operation"]]
         theirs_us = peer[0]["median_us"] if peer else float("nan")
-        floor = [r for r in rows if r["library"] == "memory floor" and r["class"] == row["class"]
-                 and r["operation"] == row["operation"]]
-        floor_us = floor[0]["median_us"] if floor else float("nan")
+        floor_us = (sample_floor_us(int(row["operation"][7:-1]), bandwidth)
+                    if row["operation"].startswith("sample") else float("nan"))
         print(f"{row['class']:<24} {row['operation']:<12} {row['median_us']:>13.1f} "
               f"{theirs_us:>10.1f} {theirs_us / row['median_us']:>9.1f}x {floor_us:>9.1f} "
               f"{theirs_us / floor_us:>10.1f}x")
@@ -237,8 +240,10 @@ def main(argv=None) -> int:
         shared.close()
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"rows": rows, "memory": memory, "writers": writers, "size": size}, out,
-                      indent=1)
+            json.dump({"rows": rows, "memory": memory, "writers": writers, "size": size,
+                       "copy_bandwidth_bytes_per_s": bandwidth,
+                       "sample_floor_us": {b: sample_floor_us(b, bandwidth) for b in (32, 256)}},
+                      out, indent=1)
     return 0
 
 
