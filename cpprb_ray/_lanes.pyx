@@ -294,6 +294,11 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
     #    stack - 1 slots).
     reach = min(total + 2 * stack_max, size)
     for k in range(reach):
+        if lane.filled < <uint64_t>size and <uint64_t>((head + k) % size) >= lane.filled:
+            # Not written since the lane was made or cleared: no row. Not even read: on the
+            # first lap a read would fault the page in read-only, and the write a moment
+            # later would fault it again.
+            continue
         slot = first + (head + k) % size
         link = link_of(view, slot)[0]
         if link < 1:
