@@ -442,8 +442,12 @@ cdef void prefetch_stacks(StoreView* view, int64_t slot, FrameColumn* frames,
     rel = slot - first
     for c in range(frame_count):
         # The planes from the obs stack's first to the next stack's last (one run of slots).
-        start = rel - link - frames[c].stack + 1 if frames[c].has_next else rel - frames[c].stack + 1
-        stop = rel + ahead if frames[c].has_next else rel
+        if frames[c].has_next:
+            start = rel - link - frames[c].stack + 1
+            stop = rel + ahead
+        else:
+            start = rel - frames[c].stack + 1
+            stop = rel
         for j in range(start, stop + 1):
             plane = (view.rows + (first + (j + 2 * size) % size) * view.stride
                      + view.columns[frames[c].column])

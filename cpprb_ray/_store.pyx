@@ -234,11 +234,11 @@ cdef int raise_status(int64_t status, ReplayStore store) except -1:
         raise OSError(store.view.lock_errno, "locking the buffer failed")
     if status == ST_NO_LANE:
         raise LaneError(f"every one of the buffer's {store.view.lane_count} lanes is owned by "
-                           f"a live handle: more handles add concurrently than it has lanes; "
-                           f"make the buffer with more lanes (lanes=), or close a writer")
+                        f"a live handle: more handles add concurrently than it has lanes; "
+                        f"make the buffer with more lanes (lanes=), or close a writer")
     if status == ST_LANE_LOST:
         raise LaneError("this handle's lane was taken by another handle (this process was "
-                           "judged dead); nothing was added")
+                        "judged dead); nothing was added")
     if status == ST_LANE_FULL:
         raise ValueError("the transitions of this add need more slots than a lane has (each "
                          "transition that does not continue the last one's frames needs up to "

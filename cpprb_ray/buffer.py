@@ -976,10 +976,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     Parameters
     ----------
-    size, env_dict, backend, name, path, seed, Nstep, rate_limiter, default_dtype, next_of,
-    stack_compress, lanes
+    size, env_dict, backend, name, path, seed, Nstep, rate_limiter, default_dtype
         As for :class:`ReplayBuffer`. With ``Nstep``, the priorities given with a step go
         into the segment with that step's n-step transition.
+    next_of, stack_compress, lanes
+        As for :class:`ReplayBuffer` (docs/frames.md).
     alpha : float
         Prioritization exponent, >= 0 (0 is uniform).
     eps : float
