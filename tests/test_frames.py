@@ -282,3 +282,47 @@ def test_ray_actors_add_episodes(request):
         ray.get([w.close.remote() for w in writers])
         for w in writers:
             ray.kill(w)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_nstep_rows_equal_those_of_a_buffer_without_frames(cls, backend):
+    # The same episodes (resets, glitches, truncations, batches, priorities) into a framed
+    # buffer and into a plain N-step buffer that stores both stacks whole: every row, the
+    # n-step rew, done, discounts and next_obs included, is the same.
+    spec = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
+    env = dict(streams.ENV, next_obs=streams.ENV["obs"])
+    random = np.random.default_rng(7)
+    with make(cls, 2 * 256, backend, Nstep=spec, lanes=2) as rb, \
+            cls(4096, env, Nstep=spec) as reference, cls.attach(rb.name) as view, \
+            cls.attach(reference.name) as reference_view:
+        # One handle per stream in each buffer: N-step staging is per handle.
+        sources = [(rb, reference, streams.Stream(0, 20)),
+                   (view, reference_view, streams.Stream(1, 21))]
+        for round_ in range(150):
+            for handle, twin, source in sources:
+                rows = source.transitions(int(random.integers(1, 3)))
+                for target in (handle, twin):
+                    add(target, rows, np.random.default_rng(round_))
+                if round_ % 37 == 36:     # a truncated episode
+                    handle.on_episode_end()
+                    twin.on_episode_end()
+                    source.episode += 1
+                    source.step = 0
+            if round_ % 30 == 29:
+                batch = rb.sample(32)
+                assert (batch["discounts"] > 0).all()
+        ours = rb.get_all_transitions()
+        theirs = reference.get_all_transitions()
+        assert sorted(ours) == sorted(theirs)
+        by_act = {int(a): k for k, a in enumerate(theirs["act"].ravel())}
+        assert len(ours["act"]) == rb.get_stored_size() > 150
+        for k, act in enumerate(ours["act"].ravel()):
+            other = by_act[int(act)]
+            for name in ours:
+                assert (ours[name][k] == theirs[name][other]).all(), (name, int(act))
+        batch = rb.sample(64)
+        for k, act in enumerate(batch["act"].ravel()):
+            other = by_act[int(act)]
+            assert (batch["next_obs"][k] == theirs["next_obs"][other]).all()
+            assert batch["discounts"][k] == theirs["discounts"][other]
+        assert tree_problems(rb._store.check_tree()) == []
