@@ -19,7 +19,7 @@ Cases are deterministic: case N of seed S is always the same mutation of the sam
 positions in the layout JSON are fractions of its length, which varies by a few bytes with the
 pid and the time).
 
-    python tests/fuzz_segment.py --seconds 60              # what CI runs (tests/test_fuzz.py)
+    python tests/fuzz_segment.py --seconds 30              # what CI runs (tests/test_fuzz.py)
     python tests/fuzz_segment.py --seconds 3600 --seed 7   # by hand
     python tests/fuzz_segment.py --seed 0 --case 1234      # replay one case here, verbosely
 """

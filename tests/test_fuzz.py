@@ -1,6 +1,6 @@
 """The segment fuzzer (tests/fuzz_segment.py) for a bounded time, and what it found, pinned.
 
-The fuzz run takes CPPRB_RAY_FUZZ_SECONDS (default 60) seconds; run the script by hand for
+The fuzz run takes CPPRB_RAY_FUZZ_SECONDS (default 30) seconds; run the script by hand for
 longer. Each defect below crashed or misreported before its fix; the ones that crashed run in a
 child process whose mappings sit between guard pages (fuzz_segment.Guards), so that a read
 outside the segment is a SIGSEGV here, not a silent read of a neighbouring mapping.
@@ -44,7 +44,7 @@ def run_guarded(code: str, timeout: float = 60.0) -> subprocess.CompletedProcess
 
 
 def test_the_fuzzer_finds_no_crash_no_hang_and_no_unexpected_exception(tmp_path):
-    seconds = float(os.environ.get("CPPRB_RAY_FUZZ_SECONDS", 60))
+    seconds = float(os.environ.get("CPPRB_RAY_FUZZ_SECONDS", 30))
     report = tmp_path / "fuzz.json"
     result = subprocess.run(
         [sys.executable, os.path.join(TESTS_DIR, "fuzz_segment.py"), "--seconds", str(seconds),

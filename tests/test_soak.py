@@ -1,5 +1,5 @@
 """The soak (benchmarks/soak.py) at CI size: writers and a learner, one SIGKILLed and restarted
-every ~2 s, for CPPRB_RAY_SOAK_SECONDS (default 60) seconds. Run the script by hand for an hour."""
+every ~2 s, for CPPRB_RAY_SOAK_SECONDS (default 20) seconds. Run the script by hand for an hour."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_soak_with_kills_loses_tears_leaks_and_hangs_nothing(tmp_path):
-    seconds = float(os.environ.get("CPPRB_RAY_SOAK_SECONDS", 60))
+    seconds = float(os.environ.get("CPPRB_RAY_SOAK_SECONDS", 20))
     report = tmp_path / "soak.json"
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--seconds", str(seconds),
