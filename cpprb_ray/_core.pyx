@@ -211,22 +211,28 @@ cdef void store_repair(StoreView* view) noexcept nogil:
     cdef Header* h = view.header
     cdef uint64_t capacity = <uint64_t>view.capacity
     cdef uint64_t k, slot, count
-    if view.lanes != NULL:
-        lanes_repair(view)
-    elif h.op == OP_ADD:
-        count = h.pending_count if h.pending_count <= capacity else capacity
-        for k in range(count):
-            slot = (h.pending_start % capacity + k) % capacity
-            view.tree.sums[slot] = unset_leaf()
-            generation_of(view, <int64_t>slot)[0] |= 1
-        h.next_index = h.pending_old_next % capacity
-        h.stored_size = h.pending_old_stored if h.pending_old_stored <= capacity else capacity
+    if h.op == OP_ADD:
+        if view.lanes != NULL:
+            lanes_undo_add(view)
+        else:
+            count = h.pending_count if h.pending_count <= capacity else capacity
+            for k in range(count):
+                slot = (h.pending_start % capacity + k) % capacity
+                view.tree.sums[slot] = unset_leaf()
+                generation_of(view, <int64_t>slot)[0] |= 1
+            h.next_index = h.pending_old_next % capacity
+            h.stored_size = (h.pending_old_stored if h.pending_old_stored <= capacity
+                             else capacity)
         h.rows_added = h.pending_old_rows_added
         h.max_priority = (h.pending_old_max_priority
                           if isfinite(h.pending_old_max_priority)
                           and h.pending_old_max_priority >= 0.0 else 1.0)
     elif h.op == OP_CLEAR:
         store_clear(view)
+    if view.lanes != NULL:
+        # Evictions move a laned buffer's stored size outside any add's record: count again.
+        h.pending_lane = 0
+        h.stored_size = count_live_rows(view)
     # Every node, padding included: a corrupt padding node would otherwise steer searches
     # past the last slot.
     tree_rebuild(&view.tree)
@@ -234,36 +240,28 @@ cdef void store_repair(StoreView* view) noexcept nogil:
     h.repairs += 1
 
 
-cdef void lanes_repair(StoreView* view) noexcept nogil:
-    """store_repair of a laned buffer: an add in flight leaves its slots torn (generation odd,
-    leaf unset, link dead) and its lane's head where it was; rows it had evicted stay evicted
-    (their slots were about to be overwritten). The stored size is counted again: evictions
-    move it outside the add's record."""
+cdef void lanes_undo_add(StoreView* view) noexcept nogil:
+    """store_repair's undo of a laned add in flight: its slots torn (generation odd, leaf
+    unset, link dead) and its lane's head where it was; rows it had evicted stay evicted
+    (their slots were about to be overwritten)."""
     cdef Header* h = view.header
     cdef int64_t lane, first, size, k, slot, count
     cdef Lane* record
-    if h.op == OP_ADD and 1 <= h.pending_lane <= <uint64_t>view.lane_count:
-        lane = <int64_t>h.pending_lane - 1
-        first = lane_start(view, lane)
-        size = lane_start(view, lane + 1) - first
-        record = &view.lanes[lane]
-        count = <int64_t>h.pending_count if h.pending_count <= <uint64_t>size else size
-        for k in range(count):
-            slot = first + (<int64_t>(h.pending_start % <uint64_t>size) + k) % size
-            view.tree.sums[slot] = unset_leaf()
-            generation_of(view, slot)[0] |= 1
-            link_of(view, slot)[0] = LINK_DEAD
-        record.head = h.pending_old_next % <uint64_t>size
-        record.filled = h.pending_old_stored if h.pending_old_stored <= <uint64_t>size else size
-        record.writes += 1        # whatever a writer cached of this lane is stale now
-        h.rows_added = h.pending_old_rows_added
-        h.max_priority = (h.pending_old_max_priority
-                          if isfinite(h.pending_old_max_priority)
-                          and h.pending_old_max_priority >= 0.0 else 1.0)
-    elif h.op == OP_CLEAR:
-        store_clear(view)
-    h.pending_lane = 0
-    h.stored_size = count_live_rows(view)
+    if not 1 <= h.pending_lane <= <uint64_t>view.lane_count:
+        return
+    lane = <int64_t>h.pending_lane - 1
+    first = lane_start(view, lane)
+    size = lane_start(view, lane + 1) - first
+    record = &view.lanes[lane]
+    count = <int64_t>h.pending_count if h.pending_count <= <uint64_t>size else size
+    for k in range(count):
+        slot = first + (<int64_t>(h.pending_start % <uint64_t>size) + k) % size
+        view.tree.sums[slot] = unset_leaf()
+        generation_of(view, slot)[0] |= 1
+        link_of(view, slot)[0] = LINK_DEAD
+    record.head = h.pending_old_next % <uint64_t>size
+    record.filled = h.pending_old_stored if h.pending_old_stored <= <uint64_t>size else size
+    record.writes += 1        # whatever a writer cached of this lane is stale now
 
 
 # -- add ----------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ ahead whose stacks reach back to it), so the ring moving on never hands out wron
 
 Crash protocol: as _core's add: the slots to write and the lane's head are recorded and
 published (OP_ADD, Header.pending_lane) before anything is evicted or written; _core's
-lanes_repair tears the recorded slots and puts the head back.
+store_repair (lanes_undo_add) tears the recorded slots and puts the head back.
 """
 
 from libc.math cimport pow

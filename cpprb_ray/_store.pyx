@@ -375,14 +375,7 @@ cdef enum:
     LANE_ALL = 1              # gather every live row (up to `batch`)
 
 cdef struct LaneSample:
-    Xoshiro256* rng
-    int64_t batch
-    double beta
-    double* scratch
-    int64_t* indexes
-    float* weights
-    uint64_t* generations
-    uint8_t** outputs
+    SampleArguments draw      # outputs: per store column (a frame column's is unused)
     FrameColumn* frames
     int frame_count
     int mode
@@ -396,19 +389,20 @@ cdef int64_t lane_add_kernel(StoreView* view, void* arguments) noexcept nogil:
 
 cdef int64_t lane_sample_kernel(StoreView* view, void* arguments) noexcept nogil:
     cdef LaneSample* a = <LaneSample*>arguments
+    cdef SampleArguments* d = &a.draw
     cdef int64_t result
     if a.mode == LANE_ALL:
-        a.batch = lanes_live(view, a.indexes, a.batch)
+        d.batch = lanes_live(view, d.indexes, d.batch)
     else:
-        if view.limited and not store_admits(view, SIDE_SAMPLE, a.batch):
+        if view.limited and not store_admits(view, SIDE_SAMPLE, d.batch):
             return ST_RATE_LIMITED
-        result = store_draw(view, a.rng, a.batch, a.beta, a.scratch, a.indexes, a.weights)
+        result = store_draw(view, d.rng, d.batch, d.beta, d.scratch, d.indexes, d.weights)
         if result < 0:
             return result
-    result = lanes_gather(view, a.indexes, a.batch, a.generations, a.outputs, a.frames,
+    result = lanes_gather(view, d.indexes, d.batch, d.generations, d.outputs, a.frames,
                           a.frame_count)
     if result >= 0 and a.mode == LANE_DRAW:
-        view.header.rows_sampled += <uint64_t>a.batch
+        view.header.rows_sampled += <uint64_t>d.batch
     return result
 
 cdef int64_t lane_complete_kernel(StoreView* view, void* arguments) noexcept nogil:
@@ -1476,14 +1470,14 @@ cdef class ReplayStore:
             for c in range(n):
                 if pointers[c] == NULL:
                     raise ValueError(f"output {self.columns.names[c]!r} is missing")
-            arguments.rng = &self.rng
-            arguments.batch = batch
-            arguments.beta = beta
-            arguments.scratch = scratch
-            arguments.indexes = &index_view[0]
-            arguments.weights = &weight_view[0]
-            arguments.generations = &generation_view[0]
-            arguments.outputs = pointers
+            arguments.draw.rng = &self.rng
+            arguments.draw.batch = batch
+            arguments.draw.beta = beta
+            arguments.draw.scratch = scratch
+            arguments.draw.indexes = &index_view[0]
+            arguments.draw.weights = &weight_view[0]
+            arguments.draw.generations = &generation_view[0]
+            arguments.draw.outputs = pointers
             arguments.frames = frames
             arguments.frame_count = self.frame_count
             arguments.mode = LANE_ALL if every_row else LANE_DRAW
@@ -1492,7 +1486,7 @@ cdef class ReplayStore:
             else:
                 rate_start(&rate, SIDE_SAMPLE, batch, seconds)
                 self.run(lane_sample_kernel, &arguments, &rate)
-            return arguments.batch
+            return arguments.draw.batch
         finally:
             free(pointers)
             free(scratch)
