@@ -334,8 +334,13 @@ class LaneWriter:
                 return value.reshape((1,) + shape)
             array = value
         elif shape == (1,) and (value_type is float or value_type is int) and (
-                dtype.kind == "f" or (value_type is int and dtype.kind in "iu")):
-            return np.array(((value,),), dtype=dtype)
+                dtype.kind == "f" or (value_type is int and dtype == np.int64)):
+            # (An int into a narrower int column takes the general path: numpy's same_kind
+            # cast, as every other add does; so does one too large for int64.)
+            try:
+                return np.array(((value,),), dtype=dtype)
+            except OverflowError:
+                array = np.asarray(value)
         else:
             array = np.asarray(value)
         if array.dtype != dtype:

@@ -326,3 +326,23 @@ def test_nstep_rows_equal_those_of_a_buffer_without_frames(cls, backend):
             assert (batch["next_obs"][k] == theirs["next_obs"][other]).all()
             assert batch["discounts"][k] == theirs["discounts"][other]
         assert tree_problems(rb._store.check_tree()) == []
+
+
+def test_python_numbers_go_in_by_the_rules_of_every_add():
+    # Python numbers take a fast path into exact columns; anything else follows the same
+    # same_kind rule as a plain buffer's add (a TypeError naming the column, nothing added).
+    env = {"obs": {"shape": (2, 2), "dtype": np.uint8}, "act": {"dtype": np.int64},
+           "small": {"dtype": np.uint8}, "rew": {}}
+    with ReplayBuffer(64, env, next_of="obs") as rb:
+        obs = np.zeros((2, 2), np.uint8)
+        rb.add(obs=obs, act=7, small=True, rew=0.5, next_obs=obs + 1)
+        rb.add(obs=obs + 1, act=8, small=np.uint8(3), rew=2, next_obs=obs + 2)
+        for bad, name in ((dict(act=2**70), "act"), (dict(act=1.5), "act"),
+                          (dict(small=300), "small")):
+            with pytest.raises(TypeError, match=name):
+                rb.add(**dict(dict(obs=obs, act=1, small=True, rew=0.0, next_obs=obs), **bad))
+        rows = rb.get_all_transitions()
+        assert rows["act"].ravel().tolist() == [7, 8]
+        assert rows["small"].ravel().tolist() == [1, 3]
+        assert rows["rew"].ravel().tolist() == [0.5, 2.0]
+        assert rb.get_stored_size() == 2
