@@ -76,19 +76,8 @@ class BufferAdd(_Suite):
         self.calls["add(64)"]()
 
 
-class Tree(_Suite):
-    """cpprb_ray's segment tree: sample, update and the learner step."""
+class Tree(Buffer):
+    """cpprb_ray's segment tree: sample, update and the learner step (Buffer's timings, on
+    the tree alone)."""
 
     key = "cpprb_ray_tree"
-    operations = ("sample", "update", "learner step")
-    params = (EXPONENTS, list(workloads.BATCHES))
-    param_names = ["log2_capacity", "batch"]
-
-    def time_sample(self, exponent, batch):
-        self.calls["sample"]()
-
-    def time_update(self, exponent, batch):
-        self.calls["update"]()
-
-    def time_learner_step(self, exponent, batch):
-        self.calls["learner step"]()
