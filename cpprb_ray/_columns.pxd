@@ -36,4 +36,5 @@ cdef class ColumnTable:
                                   int64_t count) except NULL
     cdef int64_t rows_in(self, int c, const Py_buffer* view) except -2
     cdef object numpy_column(self, int c, object value)
+    cdef int64_t stage_list(self, AddFrame* frame, int c, list value) except -1
     cdef int stage_scalar(self, AddFrame* frame, int c, object value) except -1

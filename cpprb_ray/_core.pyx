@@ -13,13 +13,14 @@ commits and clears ``op``. Every change of ``op`` goes through ``publish_op`` (f
 holder killed between two instructions leaves exactly the stores it had issued, in program order.
 """
 
-from libc.math cimport floor, isfinite, pow, powf
+from libc.math cimport floor, isfinite, powf
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
 from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_BYTES, LIMITER_NONE, Limiter,
                                  limiter_admits)
 from cpprb_ray._prefetch cimport prefetch
+from cpprb_ray._rules cimport leaf_weight
 from cpprb_ray._segtree cimport (Xoshiro256, is_unset, rng_uniform, tree_bind,
                                  tree_clear_all, tree_min, tree_rebuild, tree_refresh,
                                  tree_refresh_range, tree_sample, tree_total, unset_leaf)
@@ -282,7 +283,7 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
     cdef uint8_t* record
     cdef uint64_t* generation
     if weights == NULL:
-        weight = pow(max_priority + h.eps, h.alpha)   # the same for every new row
+        weight = leaf_weight(max_priority, h.eps, h.alpha)   # the same for every new row
     # 1. Say what we are about to do, so a repairer can undo it.
     h.pending_start = start
     h.pending_count = written

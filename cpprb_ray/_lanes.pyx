@@ -20,7 +20,6 @@ published (OP_ADD, Header.pending_lane) before anything is evicted or written; _
 store_repair (lanes_undo_add) tears the recorded slots and puts the head back.
 """
 
-from libc.math cimport pow
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
@@ -29,6 +28,7 @@ from cpprb_ray._core cimport (LINK_DEAD, LINK_FILLER, OP_ADD, OP_NONE, OP_UPDATE
                               Lane, StoreView, ahead_of, is_live_row, lane_of, lane_start,
                               link_of, publish)
 from cpprb_ray._prefetch cimport prefetch
+from cpprb_ray._rules cimport leaf_weight
 from cpprb_ray._segtree cimport tree_refresh, tree_refresh_range, unset_leaf
 
 cdef extern from *:
@@ -310,7 +310,7 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
         evict(view, slot)
     # 4. Write: each transition's fillers, then its own slot.
     if a.weights == NULL:
-        weight = pow(max_priority + h.eps, h.alpha)
+        weight = leaf_weight(max_priority, h.eps, h.alpha)
     k = 0
     for row in range(a.count):
         fillers = a.plan[2 * row]
@@ -383,7 +383,7 @@ cdef int64_t lanes_complete(StoreView* view, LaneComplete* a) noexcept nogil:
     cdef double weight = 0.0, max_priority = h.max_priority
     cdef uint8_t* record
     if a.weights == NULL:
-        weight = pow(max_priority + h.eps, h.alpha)
+        weight = leaf_weight(max_priority, h.eps, h.alpha)
     publish(&h.op, OP_UPDATE)
     for k in range(a.count):
         slot = a.slots[k]

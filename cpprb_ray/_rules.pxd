@@ -16,6 +16,7 @@ cdef struct PriorityRule:
 cdef int priority_rule(PriorityRule* rule, double alpha, double eps, int64_t capacity) except -1
 cdef int64_t first_bad_priority(const PriorityRule* rule, const double* priorities,
                                 double* weights, int64_t count, bint* overflow) noexcept nogil
+cdef double leaf_weight(double priority, double eps, double alpha) noexcept nogil
 cdef int raise_bad_priority(const PriorityRule* rule, double value, int64_t position,
                             bint overflow, str name) except -1
 cdef int64_t first_out_of_range(const int64_t* values, int64_t count,

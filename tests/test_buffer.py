@@ -149,6 +149,46 @@ def test_dtype_casting(backend):
         assert rb.get_stored_size() == 4
 
 
+LIST_DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_]
+
+
+@pytest.mark.parametrize("dtype", LIST_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_python_lists_follow_numpy(dtype):
+    """A flat list of Python numbers (converted without numpy where it is a plain cast) stores
+    what the same list made an array first stores, or fails with the same kind of error, for
+    every mix of floats, ints and bools, as a batch of a scalar column and as one row of a
+    1-D column; a failed add leaves the buffer as it was."""
+    rng = np.random.default_rng(7)
+    pools = {"float": lambda: float(rng.normal() * 1e3), "int": lambda: int(rng.integers(-2**40, 2**40)),
+             "small int": lambda: int(rng.integers(0, 2)), "bool": lambda: bool(rng.integers(2))}
+    env = {"s": {"dtype": dtype}, "v": {"dtype": dtype, "shape": 3}}
+    with ReplayBuffer(64, env) as ours, ReplayBuffer(64, env) as reference:
+        for trial in range(60):
+            kinds = rng.choice(sorted(pools), size=rng.integers(1, 3))
+            batch = [pools[kinds[rng.integers(len(kinds))]]() for _ in range(3)]
+            row = [pools[kinds[rng.integers(len(kinds))]]() for _ in range(3)]
+            for value in ({"s": batch, "v": np.zeros((3, 3), dtype)},     # a batch of 3
+                          {"s": batch[:1], "v": row}):                     # one row
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        reference.add(**{k: np.asarray(v) for k, v in value.items()})
+                except (TypeError, ValueError) as error:
+                    before = ours.get_stored_size(), ours.get_next_index()
+                    with pytest.raises(type(error)):
+                        ours.add(**value)
+                    assert (ours.get_stored_size(), ours.get_next_index()) == before
+                    continue
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ours.add(**value)
+        mine, theirs = ours.get_all_transitions(), reference.get_all_transitions()
+        assert len(mine["s"]) == len(theirs["s"]) > 0
+        for name in env:
+            assert mine[name].dtype == theirs[name].dtype
+            np.testing.assert_array_equal(mine[name], theirs[name])
+
+
 def test_add_accepts_non_contiguous_arrays(backend):
     """Strided or Fortran-ordered arrays of the right dtype are data like any other."""
     with make(backend, 8, env={"x": {"shape": 3}, "y": {"shape": (2, 2)}}) as rb:
