@@ -11,6 +11,8 @@ value that cannot be a row. Which source dtypes a column accepts, and how, is nu
 """
 
 cimport cython
+from cpython.dict cimport PyDict_GetItemWithError
+from cpython.object cimport PyObject
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_RECORDS_RO, PyBuffer_IsContiguous,
                              PyBuffer_Release, PyObject_GetBuffer)
 from libc.stdint cimport int64_t, uint8_t
@@ -130,13 +132,26 @@ cdef class ColumnTable:
         frame.block = NULL
 
     cdef int64_t stage_all(self, AddFrame* frame, object values) except -2:
-        """Stage one value per column (in column order); returns the common row count."""
+        """Stage one value per column: `values` a list in column order, or a dict keyed by
+        exactly the column names (add()'s keyword arguments, as they come); returns the common
+        row count."""
         cdef int c
         cdef int64_t count = -1, rows
+        cdef PyObject* item
+        cdef bint by_name = type(values) is dict
         if len(values) != self.count:
+            if by_name:
+                raise _rules.columns_error(self.names, values)
             raise ValueError(f"expected {self.count} columns; got {len(values)}")
         for c in range(self.count):
-            rows = self.stage(frame, c, values[c])
+            if by_name:
+                item = PyDict_GetItemWithError(values, self.names[c])
+                if item == NULL:
+                    raise _rules.columns_error(self.names, values)
+                value = <object>item
+            else:
+                value = values[c]
+            rows = self.stage(frame, c, value)
             if count < 0:
                 count = rows
             elif rows != count:

@@ -405,6 +405,20 @@ def can_cast(source, column):
     return source.kind in "biuf" and bool(np.can_cast(source, column, casting="same_kind"))
 
 
+def columns_error(expected, given):
+    """The ValueError for an add whose keyword columns are not exactly `expected` (names).
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import columns_error
+    >>> columns_error(("obs", "act"), {"obs": 1, "rew": 2})
+    ValueError("add needs exactly the columns ['act', 'obs']; missing ['act'], unknown ['rew']")
+    """
+    names = set(expected)
+    return ValueError(f"add needs exactly the columns {sorted(names)}; missing "
+                      f"{sorted(names - set(given))}, unknown {sorted(set(given) - names)}")
+
+
 def cast_error(str name, column, source):
     return TypeError(f"column {name!r} has dtype {column}; cannot cast {source} to it "
                      f"(same_kind casting)")

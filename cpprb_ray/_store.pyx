@@ -845,7 +845,9 @@ cdef class ReplayStore:
     def add(self, values, priorities=None, timeout=None):
         """add(values, priorities=None, timeout=None) -> int: the first slot written.
 
-        `values`: one value per column, in column order: arrays of the row or batch shape of
+        `values`: one value per column, as a list in column order or as a dict keyed by
+        exactly the column names (the handle passes add()'s keyword arguments as they come):
+        arrays of the row or batch shape of
         any same_kind-castable dtype and any strides, Python or numpy scalars, or lists.
         Converted here (plain numeric dtypes without numpy's help), validated in full before
         anything is written. `timeout`: seconds the rate limiter may hold the add back (None:

@@ -547,19 +547,6 @@ class ReplayBuffer:
 
     # -- add ----------------------------------------------------------------------------------
 
-    def _values(self, columns: Dict[str, Any]) -> list:
-        """The values of `columns` in column order, or ValueError naming what is missing or
-        unknown."""
-        if len(columns) == len(self._column_order):
-            try:
-                return [columns[name] for name in self._column_order]
-            except KeyError:
-                pass
-        missing = sorted(self._column_names - set(columns))
-        unknown = sorted(set(columns) - self._column_names)
-        raise ValueError(f"add needs exactly the columns {sorted(self._column_names)}; "
-                         f"missing {missing}, unknown {unknown}")
-
     def add(self, *, timeout: Optional[float] = None, **columns: Any) -> int:
         """add(*, timeout=None, **columns) -> int: store one transition or a batch; returns the
         first slot written.
@@ -588,7 +575,7 @@ class ReplayBuffer:
             return self._nstep.add(self, columns, None, timeout)  # type: ignore[return-value]
         if self._lanes is not None:
             return self._lanes.add(columns, None, timeout)
-        return self._store.add(self._values(columns), None, timeout)
+        return self._store.add(columns, None, timeout)
 
     def _commit_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
                      timeout: Optional[float] = None) -> Optional[int]:
@@ -1063,7 +1050,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                                    timeout)
         if self._lanes is not None:
             return self._lanes.add(columns, priorities, timeout)
-        return self._store.add(self._values(columns), priorities, timeout)
+        return self._store.add(columns, priorities, timeout)
 
     def _step_priorities(self, priorities: Any, count: int) -> np.ndarray:
         """The N-step staging's check of the priorities given with `count` steps."""

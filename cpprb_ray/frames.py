@@ -372,10 +372,7 @@ class LaneWriter:
                     staged[column.name] = np.zeros((count,) + column.shape, dtype=column.dtype)
             return self._write(staged, count, None, timeout, True, out)
         if len(columns) != len(self._public_names) or set(columns) != self._public_names:
-            missing = sorted(self._public_names - set(columns))
-            unknown = sorted(set(columns) - self._public_names)
-            raise ValueError(f"add needs exactly the columns {sorted(self._public_names)}; "
-                             f"missing {missing}, unknown {unknown}")
+            raise _rules.columns_error(self._public_names, columns)
         staged = {}
         count = -1
         for name, shape, dtype in self._config.public:

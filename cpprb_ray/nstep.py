@@ -295,9 +295,7 @@ def cast_steps(columns: Sequence[Any], values: Mapping[str, Any]) -> Tuple[List[
     ([(1, 2), (1, 1)], 1)
     """
     if len(values) != len(columns) or any(c.name not in values for c in columns):
-        names = {c.name for c in columns}
-        raise ValueError(f"add needs exactly the columns {sorted(names)}; missing "
-                         f"{sorted(names - set(values))}, unknown {sorted(set(values) - names)}")
+        raise _rules.columns_error([c.name for c in columns], values)
     arrays = []
     count = -1
     for column in columns:
