@@ -106,7 +106,7 @@ def as_real(value, str name):
     return value
 
 
-def as_timeout(value, str name="timeout"):
+cpdef double as_timeout(object value, str name="timeout") except? -2.0:
     """Seconds a call may wait as a float, -1.0 for None (and inf): no limit; TypeError or
     ValueError naming `name` for anything but None or a real number >= 0.
 

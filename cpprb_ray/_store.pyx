@@ -29,11 +29,13 @@ unlocking (docs/rate_limiting.md).
 cimport cython
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
                              PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer)
+from cpython.bytes cimport PyBytes_AS_STRING
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.object cimport PyObject
 from libc.math cimport isnan
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, strcmp
 
 from cpprb_ray._columns cimport AddFrame, ColumnTable
 from cpprb_ray._core cimport (HEADER_BYTES, LAYOUT_AT, MUTEX_AT, OP_NONE, ST_ALL_TORN,
@@ -50,8 +52,8 @@ from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_MIN_SIZE, LIMITER_NONE,
                                  LIMITER_SAMPLE_TO_INSERT_RATIO, SIDE_INSERT, SIDE_RESET,
                                  SIDE_SAMPLE, Limiter, gate_advance, gate_arm, limiter_admits,
                                  limiter_gate, limiter_never_admits)
-from cpprb_ray._rules cimport (PriorityRule, first_bad_priority, first_out_of_range,
-                               priority_rule, raise_bad_priority)
+from cpprb_ray._rules cimport (PriorityRule, as_timeout, first_bad_priority,
+                               first_out_of_range, priority_rule, raise_bad_priority)
 from cpprb_ray._segtree cimport (TreeView, Xoshiro256, min_key, rng_seed, tree_bind, tree_clear_all,
                                  tree_doubles, tree_min, tree_total)
 from cpprb_ray._sync cimport (gate_wait, gate_wake, monotonic_seconds, mutex_holder, mutex_init,
@@ -89,6 +91,28 @@ _INT64 = np.dtype(np.int64)
 _FLOAT32 = np.dtype(np.float32)
 _UINT64 = np.dtype(np.uint64)
 _FLOAT64 = np.dtype(np.float64)
+
+
+cdef extern from *:
+    """
+    #define cpprb_ray_refcount(o) Py_REFCNT(o)
+    """
+    Py_ssize_t refcount "cpprb_ray_refcount"(PyObject* obj)
+    PyObject* list_item "PyList_GET_ITEM"(list items, Py_ssize_t index)   # borrowed
+
+# sample() keeps the arrays of its last SPARE_SETS fresh results and refills a set once nothing
+# but this store refers to any of its arrays: `batch = rb.sample(...)` in a loop drops the
+# previous batch only after the call returns, so the one before it is free by then. Creating 8
+# arrays was about a fifth of a sample(256), and more of a cold one.
+cdef int SPARE_SETS = 2
+
+
+def _format_of(dtype):
+    """The buffer format numpy gives an array of `dtype` (bytes), or None if it has none."""
+    try:
+        return memoryview(np.empty(0, dtype)).format.encode()
+    except (TypeError, ValueError):
+        return None
 
 
 def tree_nbytes(capacity):
@@ -581,6 +605,14 @@ cdef class ReplayStore:
     cdef ColumnTable columns
     cdef FrameColumn frame_specs[MAX_FRAME_COLUMNS]   # bind_lanes: the frame columns
     cdef int frame_count
+    # sample()'s outputs: their keys, shapes and buffer formats, in order; the last SPARE_SETS
+    # sets of fresh arrays it returned, refilled once nothing else refers to them (see spares).
+    cdef tuple output_names
+    cdef list output_shapes
+    cdef list output_formats
+    cdef list output_dtypes
+    cdef list spares
+    cdef int64_t spare_batch
 
     def __cinit__(self):
         self._has_buffer = False
@@ -606,6 +638,14 @@ cdef class ReplayStore:
         self.active = 0
         self.closing = False
         self.frame_count = 0
+        names = self.columns.names
+        self.output_names = names + ("indexes", "weights", "generations")
+        self.output_shapes = [tuple(shape) for shape in self.columns.shapes] + [(), (), ()]
+        self.output_formats = [_format_of(dtype) for dtype in self.columns.dtypes] + [
+            _format_of(_INT64), _format_of(_FLOAT32), _format_of(_UINT64)]
+        self.output_dtypes = list(self.columns.dtypes) + [_INT64, _FLOAT32, _UINT64]
+        self.spares = []
+        self.spare_batch = 0
 
     def __dealloc__(self):
         if self._has_buffer:
@@ -852,7 +892,7 @@ cdef class ReplayStore:
         Converted here (plain numeric dtypes without numpy's help), validated in full before
         anything is written. `timeout`: seconds the rate limiter may hold the add back (None:
         no limit; 0: never wait), then TimeoutError with nothing added."""
-        cdef double seconds = _rules.as_timeout(timeout)
+        cdef double seconds = as_timeout(timeout)
         self.enter()
         try:
             return self._add(values, priorities, seconds)
@@ -899,7 +939,7 @@ cdef class ReplayStore:
         Fresh arrays, or the arrays of `out` (a dict with those keys, each C-contiguous, of
         that dtype and shape), filled in place and returned in a new dict. `timeout` as for
         add()."""
-        cdef double seconds = _rules.as_timeout(timeout)
+        cdef double seconds = as_timeout(timeout)
         self.enter()
         try:
             return self._sample(batch, beta, out, seconds)
@@ -914,25 +954,14 @@ cdef class ReplayStore:
         cdef Py_buffer* views
         cdef uint8_t** pointers
         cdef int acquired = 0
-        cdef dict result = {}
-        cdef ColumnTable columns = self.columns
+        cdef list arrays = None
+        cdef bint fresh = False
         if batch <= 0:
             raise ValueError(f"batch_size must be > 0; got {batch}")
         self.check_admissible(SIDE_SAMPLE, batch, "batch_size")
-        if out is None:
-            for c in range(n):
-                result[columns.names[c]] = _empty((batch,) + <tuple>columns.shapes[c],
-                                                  columns.dtypes[c])
-            result["indexes"] = _empty(batch, _INT64)
-            result["weights"] = _empty(batch, _FLOAT32)
-            result["generations"] = _empty(batch, _UINT64)
-        else:
+        if out is not None:
             self.check_out(out, batch)
-            for c in range(n):
-                result[self.columns.names[c]] = out[self.columns.names[c]]
-            result["indexes"] = out["indexes"]
-            result["weights"] = out["weights"]
-            result["generations"] = out["generations"]
+            arrays = [out[name] for name in self.output_names]
         cdef char* memory = <char*>malloc(count * (sizeof(Py_buffer) + sizeof(uint8_t*))
                                           + batch * sizeof(double))
         if memory == NULL:
@@ -940,10 +969,21 @@ cdef class ReplayStore:
         views = <Py_buffer*>memory
         pointers = <uint8_t**>(memory + count * sizeof(Py_buffer))
         try:
-            for array in result.values():
-                PyObject_GetBuffer(array, &views[acquired], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
-                pointers[acquired] = <uint8_t*>views[acquired].buf
-                acquired += 1
+            if out is None:
+                arrays = self.spare_outputs(batch)
+                if arrays is not None:
+                    acquired = self.acquire_spares(arrays, views, batch)
+                if acquired == 0:
+                    arrays = [_empty((batch,) + <tuple>self.output_shapes[c],
+                                     self.output_dtypes[c]) for c in range(count)]
+                    fresh = True
+            if acquired == 0:
+                for array in arrays:
+                    PyObject_GetBuffer(array, &views[acquired],
+                                       PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+                    acquired += 1
+            for c in range(count):
+                pointers[c] = <uint8_t*>views[c].buf
             arguments.rng = &self.rng
             arguments.batch = batch
             arguments.beta = beta
@@ -955,11 +995,71 @@ cdef class ReplayStore:
             arguments.outputs = pointers
             rate_start(&rate, SIDE_SAMPLE, batch, timeout)
             self.run(sample_kernel, &arguments, &rate)
-            return result
+            if fresh:
+                self.keep_spares(arrays, batch)
+            return dict(zip(self.output_names, arrays))
         finally:
             for c in range(acquired):
                 PyBuffer_Release(&views[c])
             free(memory)
+
+    cdef list spare_outputs(self, int64_t batch):
+        """A kept set of sample outputs for `batch` rows that only this store refers to, or
+        None. (With the GIL held and no Python code run between this check and the buffer
+        exports that follow, no other thread can take a reference in between.)"""
+        cdef list arrays
+        cdef int c
+        if batch != self.spare_batch:
+            return None
+        for arrays in self.spares:
+            for c in range(len(arrays)):
+                if refcount(list_item(arrays, c)) != 1:    # anyone's but the set's
+                    break
+            else:
+                return arrays
+        return None
+
+    cdef int acquire_spares(self, list arrays, Py_buffer* views, int64_t batch) except -1:
+        """Export every array of a kept set into `views` and return how many; 0 (nothing held,
+        the set dropped) when one of them was changed in place while it was the user's: made
+        read-only, given another shape, dtype or strides."""
+        cdef int c, d, acquired = 0
+        cdef tuple shape
+        cdef bytes expected
+        cdef bint intact = True
+        for c in range(len(arrays)):
+            try:
+                PyObject_GetBuffer(arrays[c], &views[c],
+                                   PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT)
+            except (BufferError, ValueError):
+                intact = False
+                break
+            acquired += 1
+            shape = self.output_shapes[c]
+            expected = self.output_formats[c]
+            if (expected is None or views[c].ndim != 1 + len(shape) or views[c].shape[0] != batch
+                    or strcmp(views[c].format, PyBytes_AS_STRING(expected)) != 0):
+                intact = False
+                break
+            for d in range(len(shape)):
+                if views[c].shape[d + 1] != <Py_ssize_t>shape[d]:
+                    intact = False
+            if not intact:
+                break
+        if intact:
+            return acquired
+        for c in range(acquired):
+            PyBuffer_Release(&views[c])
+        self.spares = [kept for kept in self.spares if kept is not arrays]
+        return 0
+
+    cdef void keep_spares(self, list arrays, int64_t batch):
+        if batch != self.spare_batch:
+            self.spares = []
+            self.spare_batch = batch
+        self.spares.append(arrays)
+        if len(self.spares) > SPARE_SETS:
+            del self.spares[0]
 
     cdef int check_out(self, out, int64_t batch) except -1:
         if not isinstance(out, dict):
@@ -1335,7 +1435,7 @@ cdef class ReplayStore:
         `incomplete`: N-step rows that complete_lanes finishes later; `out_slots` (int64) and
         `out_generations` (uint64), `count` each: where each row went, as written.
         """
-        cdef double seconds = _rules.as_timeout(timeout)
+        cdef double seconds = as_timeout(timeout)
         cdef LaneAdd arguments
         cdef FrameColumn frames[MAX_FRAME_COLUMNS]
         cdef RateCall rate
@@ -1424,7 +1524,7 @@ cdef class ReplayStore:
         """Draw `batch` rows (every_row: take every live row, up to `batch`) into the given
         arrays: `outputs` per store column (None for a frame column), `stacks` per frame column
         (values, nexts or None); returns how many rows were written."""
-        cdef double seconds = _rules.as_timeout(timeout)
+        cdef double seconds = as_timeout(timeout)
         cdef LaneSample arguments
         cdef FrameColumn frames[MAX_FRAME_COLUMNS]
         cdef RateCall rate

@@ -114,6 +114,7 @@ class ReplayBuffer:
     """
 
     _prioritized = False
+    _check_for_update = False   # PrioritizedReplayBuffer(check_for_update=True) and the MP ones
 
     @_compat.cpprb_arguments
     def __init__(self, size: int, env_dict: Mapping[str, Any], *, backend: str = "auto",
@@ -213,6 +214,7 @@ class ReplayBuffer:
                                    lane_config.store_specs(layout.columns))
             self._lanes = frames.LaneWriter(self._store, lane_config, layout.columns,
                                            layout.capacity)
+        self._plain_flags()
         self._owner = owner
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
@@ -224,6 +226,13 @@ class ReplayBuffer:
         ownership = Ownership(segment.backend, segment.location, layout.token) if owner else None
         self._ownership = ownership
         self._finalizer = weakref.finalize(self, ownership.free) if ownership is not None else None
+
+    def _plain_flags(self) -> None:
+        # A cold call pays for every attribute and Python frame it touches (about 10 us of a
+        # cold sample went to the checks that a plain buffer never needs), so the hot methods
+        # test one flag each and go straight to the store.
+        self._plain_add = self._nstep is None and self._lanes is None
+        self._plain_sample = self._lanes is None and not self._check_for_update
 
     def _check_lock_holder(self, location: str) -> None:
         """Refuse a segment whose lock names a thread that does not exist (corrupt or foreign):
@@ -571,11 +580,11 @@ class ReplayBuffer:
         With ``Nstep``, the steps are staged and the call returns the first slot of the n-step
         transitions it completed, or None when it completed none.
         """
+        if self._plain_add:
+            return self._store.add(columns, None, timeout)
         if self._nstep is not None:
             return self._nstep.add(self, columns, None, timeout)  # type: ignore[return-value]
-        if self._lanes is not None:
-            return self._lanes.add(columns, None, timeout)
-        return self._store.add(columns, None, timeout)
+        return self._lanes.add(columns, None, timeout)  # type: ignore[union-attr]
 
     def _commit_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
                      timeout: Optional[float] = None) -> Optional[int]:
@@ -635,6 +644,10 @@ class ReplayBuffer:
         ...     print(sorted(batch), batch["obs"].shape, batch["indexes"].dtype)
         ['generations', 'indexes', 'obs'] (5, 2) int64
         """
+        if self._plain_sample and out is None and type(batch_size) is int and batch_size > 0:
+            result = self._store.sample(batch_size, 0.0, None, timeout)
+            del result["weights"]
+            return result
         batch = self._check_batch(batch_size)
         if self._lanes is not None:
             if out is not None and isinstance(out, dict):
@@ -992,7 +1005,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     """
 
     _prioritized = True
-    _check_for_update = False
     _sampled_generations: Optional[_compat.SampledGenerations] = None
 
     @_compat.cpprb_arguments
@@ -1022,6 +1034,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                      next_of=next_of, stack_compress=stack_compress, lanes=lanes)
         if check_for_update:
             self._check_for_update = True
+            self._plain_flags()
 
     def add(self, *, priorities: Any = None, timeout: Optional[float] = None,
             **columns: Any) -> int:
@@ -1045,12 +1058,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         step's n-step transition; the call returns the first slot of the transitions it
         completed, or None.
         """
+        if self._plain_add:
+            return self._store.add(columns, priorities, timeout)
         if self._nstep is not None:
             return self._nstep.add(self, columns, priorities,  # type: ignore[return-value]
                                    timeout)
-        if self._lanes is not None:
-            return self._lanes.add(columns, priorities, timeout)
-        return self._store.add(columns, priorities, timeout)
+        return self._lanes.add(columns, priorities, timeout)  # type: ignore[union-attr]
 
     def _step_priorities(self, priorities: Any, count: int) -> np.ndarray:
         """The N-step staging's check of the priorities given with `count` steps."""
@@ -1086,6 +1099,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         (4, 1) float32 True
         True
         """
+        if (self._plain_sample and type(batch_size) is int and batch_size > 0
+                and type(beta) is float and 0.0 <= beta <= _FLOAT_MAX):
+            return self._store.sample(batch_size, beta, out, timeout)
         batch = self._check_batch(batch_size)
         if type(beta) is not float or not 0.0 <= beta <= _FLOAT_MAX:
             beta = _as_real(beta, "beta")

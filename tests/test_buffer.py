@@ -149,6 +149,77 @@ def test_dtype_casting(backend):
         assert rb.get_stored_size() == 4
 
 
+@pytest.mark.parametrize("cls", [PrioritizedReplayBuffer, ReplayBuffer])
+def test_sample_never_refills_arrays_somebody_holds(backend, cls):
+    """sample() refills the arrays of an earlier result only once nothing else refers to them:
+    a batch kept (whole, one array of it, a view, a buffer export) keeps its values through any
+    number of later samples, and arrays changed in place (shape, dtype, read-only) while they
+    were the user's come back as fresh ones of the right kind."""
+    with make(backend, 64, cls, seed=5) as rb:
+        rb.add(**rows(0, 64))
+        kept = [rb.sample(16) for _ in range(3)]
+        snapshots = [{key: value.copy() for key, value in batch.items()} for batch in kept]
+        one_array = rb.sample(16)["obs"]
+        view = rb.sample(16)["act"][:4]
+        exported = memoryview(rb.sample(16)["rew"])
+        frozen = (one_array.copy(), view.copy(), np.asarray(exported).copy())
+        ids = set()
+        for _ in range(50):
+            batch = rb.sample(16)
+            numbers(batch)        # every column of every row agrees with its transition number
+            ids.update(id(value) for value in batch.values())
+            del batch
+        for batch, snapshot in zip(kept, snapshots):
+            for key in snapshot:
+                np.testing.assert_array_equal(batch[key], snapshot[key])
+        np.testing.assert_array_equal(one_array, frozen[0])
+        np.testing.assert_array_equal(view, frozen[1])
+        np.testing.assert_array_equal(exported, frozen[2])
+        # Dropped results are what gets refilled: far fewer distinct arrays than 50 fresh sets.
+        assert len(ids) < 50 * len(kept[0])
+        for change in ("shape", "dtype", "read-only"):
+            for _ in range(3):                      # every kept set, whichever comes back
+                batch = rb.sample(16)
+                if change == "shape":
+                    batch["obs"].shape = (8, 6)
+                elif change == "dtype":
+                    batch["rew"].dtype = np.int32
+                else:
+                    batch["act"].flags.writeable = False
+                del batch
+            batch = rb.sample(16)
+            assert batch["obs"].shape == (16, 3) and batch["rew"].dtype == np.float32
+            assert batch["act"].flags.writeable
+            numbers(batch)
+
+
+def test_sample_threads_never_share_arrays(backend):
+    """Threads sampling one handle at once each get arrays of their own."""
+    with make(backend, 256, seed=6) as rb:
+        rb.add(**rows(0, 256))
+        failures = []
+
+        def learner():
+            try:
+                held = []
+                for step in range(300):
+                    batch = rb.sample(32)
+                    k = numbers(batch)
+                    held.append((batch, k.copy()))
+                    if len(held) > 3:
+                        old, old_k = held.pop(0)
+                        np.testing.assert_array_equal(numbers(old), old_k)
+            except Exception as error:      # pragma: no cover - reported below
+                failures.append(error)
+
+        threads = [threading.Thread(target=learner) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures
+
+
 LIST_DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_]
 
 
