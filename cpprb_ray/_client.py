@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -200,10 +200,13 @@ class RemoteStore:
         values = np.ascontiguousarray(priorities, dtype=np.float64).reshape(-1)
         _rules.check_priorities(values, self._alpha, self._eps, self.capacity, name)
 
-    def _stage(self, values: Sequence[Any], priorities: Any) -> Tuple[List[np.ndarray], int,
-                                                                    Optional[np.ndarray]]:
-        arrays, count = nstep.cast_steps(self._columns, dict(zip(
-            (c.name for c in self._columns), values)))
+    def _stage(self, values: Union[Sequence[Any], Dict[str, Any]],
+               priorities: Any) -> Tuple[List[np.ndarray], int, Optional[np.ndarray]]:
+        # `values`, as the local store takes them: a dict of exactly the columns (a handle's
+        # add), or a list in column order (staged N-step rows).
+        if not isinstance(values, dict):
+            values = dict(zip((c.name for c in self._columns), values))
+        arrays, count = nstep.cast_steps(self._columns, values)
         if priorities is not None:
             if not self.prioritized:
                 raise TypeError("priorities are only for a PrioritizedReplayBuffer")
@@ -221,7 +224,7 @@ class RemoteStore:
 
     # -- add and the queue --------------------------------------------------------------------
 
-    def add(self, values: Sequence[Any], priorities: Any = None,
+    def add(self, values: Union[Sequence[Any], Dict[str, Any]], priorities: Any = None,
             timeout: Optional[float] = None) -> Optional[int]:
         """Queue one transition or a batch (checked here, as add checks); with a rate limiter,
         send it at once and wait for it. Returns None, or with a limiter the first slot."""

@@ -37,6 +37,21 @@ cdef extern from *:
             memcpy(values + k, tail, (size_t)(count - k) * sizeof(double));
         }
     }
+    /* The importance weights of a sample are float32: powf eight at a time likewise. */
+    __attribute__((target("avx2"))) __m256 _ZGVdN8vv_powf(__m256, __m256);
+    __attribute__((target("avx2")))
+    static void cpprb_ray_powerf_avx2(float* values, float exponent, int64_t count) {
+        __m256 e = _mm256_set1_ps(exponent);
+        int64_t k = 0;
+        for (; k + 8 <= count; k += 8)
+            _mm256_storeu_ps(values + k, _ZGVdN8vv_powf(_mm256_loadu_ps(values + k), e));
+        if (k < count) {
+            float tail[8] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+            memcpy(tail, values + k, (size_t)(count - k) * sizeof(float));
+            _mm256_storeu_ps(tail, _ZGVdN8vv_powf(_mm256_loadu_ps(tail), e));
+            memcpy(values + k, tail, (size_t)(count - k) * sizeof(float));
+        }
+    }
     #define CPPRB_RAY_VECTOR_POW 1
     #else
     #define CPPRB_RAY_VECTOR_POW 0
@@ -52,10 +67,22 @@ cdef extern from *:
     #endif
         for (k = 0; k < count; k++) values[k] = pow(values[k], exponent);
     }
+    static void cpprb_ray_powerf(float* values, float exponent, int64_t count) {
+        int64_t k;
+    #if CPPRB_RAY_VECTOR_POW
+        if (__builtin_cpu_supports("avx2")) {
+            cpprb_ray_powerf_avx2(values, exponent, count);
+            return;
+        }
+    #endif
+        for (k = 0; k < count; k++) values[k] = powf(values[k], exponent);
+    }
     """
     bint VECTOR_POW "CPPRB_RAY_VECTOR_POW"
     void power_in_place "cpprb_ray_power"(double* values, double exponent,
                                           int64_t count) noexcept nogil
+    void power_in_place_f "cpprb_ray_powerf"(float* values, float exponent,
+                                             int64_t count) noexcept nogil
 
 import numpy as np
 
@@ -205,6 +232,12 @@ cdef int64_t first_bad_priority(const PriorityRule* rule, const double* prioriti
     if weights != NULL:
         power_in_place(weights, rule.alpha, count)
     return -1
+
+
+cdef void power_floats(float* values, float exponent, int64_t count) noexcept nogil:
+    """values[k] = values[k] ** exponent (a sample's importance weights), eight at a time
+    where the CPU and libmvec allow."""
+    power_in_place_f(values, exponent, count)
 
 
 cdef double leaf_weight(double priority, double eps, double alpha) noexcept nogil:
