@@ -49,47 +49,13 @@ if OPT:
 macros: list = []
 libraries = ["pthread"] if sys.platform.startswith("linux") else []
 
-
-def has_libmvec() -> bool:
-    """Whether this toolchain links glibc's vector math library (x86_64 Linux, glibc >= 2.22):
-    _rules.pyx then weighs priorities four at a time with its AVX2 pow (picked at run time on a
-    CPU that has AVX2; plain pow() elsewhere). CPPRB_RAY_LIBMVEC=0 turns it off."""
-    if os.environ.get("CPPRB_RAY_LIBMVEC", "") == "0" or not sys.platform.startswith("linux"):
-        return False
-    import platform
-    import subprocess
-    import sysconfig
-    import tempfile
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return False
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()
-    with tempfile.TemporaryDirectory() as folder:
-        source = os.path.join(folder, "probe.c")
-        with open(source, "w") as handle:
-            handle.write("#include <immintrin.h>\n"
-                         "__attribute__((target(\"avx2\"))) __m256d _ZGVdN4vv_pow(__m256d, __m256d);\n"
-                         "__attribute__((target(\"avx2\"))) int main(void) {\n"
-                         "  __m256d x = _ZGVdN4vv_pow(_mm256_set1_pd(2.0), _mm256_set1_pd(0.5));\n"
-                         "  return _mm256_cvtsd_f64(x) > 1.41 ? 0 : 1; }\n")
-        try:
-            done = subprocess.run(compiler + [source, "-o", os.path.join(folder, "probe"),
-                                              "-lmvec", "-lm"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except OSError:
-            return False
-        return done.returncode == 0
-
-
-LIBMVEC = has_libmvec()
-
 extensions = [
     Extension(
         f"cpprb_ray.{name}",
         [f"cpprb_ray/{name}.pyx"],
         extra_compile_args=compile_args,
-        libraries=libraries + (["mvec", "m"] if LIBMVEC and name == "_rules" else []),
-        define_macros=macros + ([("CPPRB_RAY_LIBMVEC", "1")]
-                                if LIBMVEC and name == "_rules" else []),
+        libraries=libraries,
+        define_macros=macros,
     )
     for name in ("_segtree", "_sync", "_rules", "_core", "_columns", "_lanes", "_store")
 ]

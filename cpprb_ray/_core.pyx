@@ -13,14 +13,14 @@ commits and clears ``op``. Every change of ``op`` goes through ``publish_op`` (f
 holder killed between two instructions leaves exactly the stores it had issued, in program order.
 """
 
-from libc.math cimport floor, isfinite
+from libc.math cimport floor, isfinite, powf
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
 from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_BYTES, LIMITER_NONE, Limiter,
                                  limiter_admits)
 from cpprb_ray._prefetch cimport prefetch
-from cpprb_ray._rules cimport leaf_weight, power_floats
+from cpprb_ray._rules cimport leaf_weight
 from cpprb_ray._segtree cimport (Xoshiro256, is_unset, rng_uniform, tree_bind,
                                  tree_clear_all, tree_min, tree_rebuild, tree_refresh,
                                  tree_refresh_range, tree_sample, tree_total, unset_leaf)
@@ -370,10 +370,8 @@ cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double 
         # float32, so float32 powf (about 1e-7 relative) is exact enough and much cheaper.
         inverse_lowest = 1.0 / tree_min(&view.tree)
         for k in range(batch):
-            weights[k] = 1.0 if beta == 0.0 else <float>(view.tree.sums[indexes[k]]
-                                                         * inverse_lowest)
-        if beta != 0.0:
-            power_floats(weights, <float>-beta, batch)
+            weights[k] = 1.0 if beta == 0.0 else powf(
+                <float>(view.tree.sums[indexes[k]] * inverse_lowest), <float>-beta)
     else:
         for k in range(batch):
             # Skip a slot torn by a writer's death (odd generation); bounded retries, then

@@ -17,7 +17,6 @@ cpdef double as_timeout(object value, str name=*) except? -2.0
 cdef int priority_rule(PriorityRule* rule, double alpha, double eps, int64_t capacity) except -1
 cdef int64_t first_bad_priority(const PriorityRule* rule, const double* priorities,
                                 double* weights, int64_t count, bint* overflow) noexcept nogil
-cdef void power_floats(float* values, float exponent, int64_t count) noexcept nogil
 cdef double leaf_weight(double priority, double eps, double alpha) noexcept nogil
 cdef int raise_bad_priority(const PriorityRule* rule, double value, int64_t position,
                             bint overflow, str name) except -1

@@ -9,80 +9,6 @@ a buffer: callers check, then change.
 
 from libc.float cimport DBL_MAX
 from libc.math cimport INFINITY, pow
-from libc.stdint cimport int64_t
-
-cdef extern from *:
-    """
-    #include <math.h>
-    #include <string.h>
-    /* Leaf weights are (p + eps) ** alpha for every priority an add or an update brings: 256
-       scalar pow() calls were a quarter of an update(256). glibc's libmvec has pow four lanes
-       at a time (AVX2; at most 4 ulp from the correctly rounded result, where the priority
-       rule leaves 1e-12 of headroom); setup.py defines CPPRB_RAY_LIBMVEC and links -lmvec
-       where the toolchain has it, and the AVX2 lanes run only on a CPU that has AVX2. */
-    #if defined(CPPRB_RAY_LIBMVEC) && defined(__x86_64__) && defined(__GNUC__)
-    #include <immintrin.h>
-    __attribute__((target("avx2"))) __m256d _ZGVdN4vv_pow(__m256d, __m256d);
-    __attribute__((target("avx2")))
-    static void cpprb_ray_power_avx2(double* values, double exponent, int64_t count) {
-        __m256d e = _mm256_set1_pd(exponent);
-        int64_t k = 0;
-        for (; k + 4 <= count; k += 4)
-            _mm256_storeu_pd(values + k, _ZGVdN4vv_pow(_mm256_loadu_pd(values + k), e));
-        if (k < count) {   /* the last 1 to 3 through the same lanes, so that equal priorities
-                              always weigh the same, wherever they fall in a batch */
-            double tail[4] = {1.0, 1.0, 1.0, 1.0};
-            memcpy(tail, values + k, (size_t)(count - k) * sizeof(double));
-            _mm256_storeu_pd(tail, _ZGVdN4vv_pow(_mm256_loadu_pd(tail), e));
-            memcpy(values + k, tail, (size_t)(count - k) * sizeof(double));
-        }
-    }
-    /* The importance weights of a sample are float32: powf eight at a time likewise. */
-    __attribute__((target("avx2"))) __m256 _ZGVdN8vv_powf(__m256, __m256);
-    __attribute__((target("avx2")))
-    static void cpprb_ray_powerf_avx2(float* values, float exponent, int64_t count) {
-        __m256 e = _mm256_set1_ps(exponent);
-        int64_t k = 0;
-        for (; k + 8 <= count; k += 8)
-            _mm256_storeu_ps(values + k, _ZGVdN8vv_powf(_mm256_loadu_ps(values + k), e));
-        if (k < count) {
-            float tail[8] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
-            memcpy(tail, values + k, (size_t)(count - k) * sizeof(float));
-            _mm256_storeu_ps(tail, _ZGVdN8vv_powf(_mm256_loadu_ps(tail), e));
-            memcpy(values + k, tail, (size_t)(count - k) * sizeof(float));
-        }
-    }
-    #define CPPRB_RAY_VECTOR_POW 1
-    #else
-    #define CPPRB_RAY_VECTOR_POW 0
-    #endif
-    static void cpprb_ray_power(double* values, double exponent, int64_t count) {
-        int64_t k;
-        if (exponent == 1.0) return;          /* x ** 1 == x: nothing to compute */
-    #if CPPRB_RAY_VECTOR_POW
-        if (__builtin_cpu_supports("avx2")) {
-            cpprb_ray_power_avx2(values, exponent, count);
-            return;
-        }
-    #endif
-        for (k = 0; k < count; k++) values[k] = pow(values[k], exponent);
-    }
-    static void cpprb_ray_powerf(float* values, float exponent, int64_t count) {
-        int64_t k;
-    #if CPPRB_RAY_VECTOR_POW
-        if (__builtin_cpu_supports("avx2")) {
-            cpprb_ray_powerf_avx2(values, exponent, count);
-            return;
-        }
-    #endif
-        for (k = 0; k < count; k++) values[k] = powf(values[k], exponent);
-    }
-    """
-    bint VECTOR_POW "CPPRB_RAY_VECTOR_POW"
-    void power_in_place "cpprb_ray_power"(double* values, double exponent,
-                                          int64_t count) noexcept nogil
-    void power_in_place_f "cpprb_ray_powerf"(float* values, float exponent,
-                                             int64_t count) noexcept nogil
 
 import numpy as np
 
@@ -228,24 +154,14 @@ cdef int64_t first_bad_priority(const PriorityRule* rule, const double* prioriti
             overflow[0] = True
             return k
         if weights != NULL:
-            weights[k] = base
-    if weights != NULL:
-        power_in_place(weights, rule.alpha, count)
+            weights[k] = leaf_weight(priorities[k], rule.eps, rule.alpha)
     return -1
 
 
-cdef void power_floats(float* values, float exponent, int64_t count) noexcept nogil:
-    """values[k] = values[k] ** exponent (a sample's importance weights), eight at a time
-    where the CPU and libmvec allow."""
-    power_in_place_f(values, exponent, count)
-
-
 cdef double leaf_weight(double priority, double eps, double alpha) noexcept nogil:
-    """(priority + eps) ** alpha, computed as first_bad_priority computes every weight, so that
-    a row that gets max_priority weighs what a row given that priority explicitly weighs."""
-    cdef double weight = priority + eps
-    power_in_place(&weight, alpha, 1)
-    return weight
+    """(priority + eps) ** alpha: a row's leaf weight, the one formula for rows given a priority
+    (first_bad_priority) and rows that get max_priority (the add kernels)."""
+    return pow(priority + eps, alpha)
 
 
 cdef int raise_bad_priority(const PriorityRule* rule, double value, int64_t position,
