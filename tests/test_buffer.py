@@ -301,6 +301,26 @@ def test_mixed_columns_round_trip(backend):
 # priorities and the sampling law
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_priority_arrays_of_any_real_dtype(backend, dtype):
+    """Priorities as float32 (a float32 network's |TD errors|), float64 or integer arrays give
+    the leaves of the same values as Python floats; a bad one anywhere adds nothing."""
+    raw = np.array([0.5, 2.0, 4.0, 1.0], dtype)
+    with make(backend, 8, alpha=0.7, eps=0.01) as rb, make(backend, 8, alpha=0.7, eps=0.01) as ref:
+        rb.add(**rows(0, 4), priorities=raw)
+        ref.add(**rows(0, 4), priorities=[float(p) for p in raw])
+        np.testing.assert_array_equal(rb._store.check_tree()[1], ref._store.check_tree()[1])
+        assert rb.get_max_priority() == 4.0
+        if dtype != np.int64:
+            with pytest.raises(ValueError, match="position 1"):
+                rb.add(**rows(4, 2), priorities=np.array([1.0, np.nan], dtype))
+        with pytest.raises(ValueError, match="2 entries"):
+            rb.add(**rows(4, 2), priorities=raw[:1])
+        with pytest.raises(ValueError, match="position 0"):
+            rb.add(**rows(4, 1), priorities=np.array([-1], dtype))
+        assert rb.get_stored_size() == 4 and rb.get_max_priority() == 4.0
+
+
 def test_priorities_default_to_max(backend):
     with make(backend, 8, alpha=0.5, eps=0.01) as rb:
         assert rb.get_max_priority() == 1.0
