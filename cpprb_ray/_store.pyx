@@ -38,6 +38,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, strcmp
 
 from cpprb_ray._columns cimport AddFrame, ColumnTable
+from cpprb_ray._convert cimport is_format
 from cpprb_ray._core cimport (HEADER_BYTES, LAYOUT_AT, MUTEX_AT, OP_NONE, ST_ALL_TORN,
                               ST_ALL_ZERO, ST_CORRUPT, ST_EMPTY, ST_LANE_FULL, ST_LANE_LOST,
                               ST_LOCK_ERROR, ST_LOCK_TIMEOUT, ST_NAN_TREE, ST_OK,
@@ -113,6 +114,22 @@ def _format_of(dtype):
         return memoryview(np.empty(0, dtype)).format.encode()
     except (TypeError, ValueError):
         return None
+
+
+cdef bint export_vector(object value, Py_buffer* view, const char* codes,
+                        Py_ssize_t itemsize) except -1:
+    """Export `value` into `view` (held) when it is an ndarray with a C-contiguous 1-D buffer
+    of one of `codes` and `itemsize`; False (nothing held) otherwise."""
+    if type(value) is not _ndarray:
+        return False
+    try:
+        PyObject_GetBuffer(value, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    except (BufferError, ValueError):
+        return False
+    if view.ndim == 1 and is_format(view, codes, itemsize):
+        return True
+    PyBuffer_Release(view)
+    return False
 
 
 def tree_nbytes(capacity):
@@ -1101,34 +1118,29 @@ cdef class ReplayStore:
         cdef const float* single = NULL
         cdef double* scratch = NULL
         cdef UpdateArguments arguments
-        # Arrays as sample() returns them take no conversion; anything else is converted by
-        # the rules first (their errors name the argument).
-        if not (type(indexes) is _ndarray and indexes.dtype is _INT64 and indexes.ndim == 1):
+        # Arrays as sample() returns them (and float32 or float64 priorities) are used as they
+        # are, recognised through the buffer protocol alone: numpy attributes (dtype, ndim,
+        # flags) were eight lookups, a cold learner's update paid for each. Anything else is
+        # converted by the rules first (their errors name the argument).
+        if not export_vector(indexes, &index_view, b"lq", 8):
             indexes = _rules.index_vector(indexes, "indexes")
-        try:
             PyObject_GetBuffer(indexes, &index_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-            held = 1
-        except (BufferError, ValueError):
-            indexes = _rules.index_vector(np.ascontiguousarray(indexes), "indexes")
-            PyObject_GetBuffer(indexes, &index_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-            held = 1
+        held = 1
         try:
             count = index_view.shape[0]
-            if not (type(priorities) is _ndarray and priorities.ndim == 1
-                    and (priorities.dtype is _FLOAT64 or priorities.dtype is _FLOAT32)
-                    and priorities.flags.c_contiguous):
+            if not (export_vector(priorities, &priority_view, b"d", 8)
+                    or export_vector(priorities, &priority_view, b"f", 4)):
                 priorities = _rules.real_vector(priorities, count, "priorities")
-            PyObject_GetBuffer(priorities, &priority_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                PyObject_GetBuffer(priorities, &priority_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
             held = 2
             if priority_view.shape[0] != count:
                 raise ValueError(f"priorities must have {count} entries (one per index); got "
                                  f"{priority_view.shape[0]}")
             if generations is not None:
-                if not (type(generations) is _ndarray and generations.dtype is _UINT64
-                        and generations.flags.c_contiguous):
+                if not export_vector(generations, &generation_view, b"LQ", 8):
                     generations = _rules.generation_vector(generations, count)
-                PyObject_GetBuffer(generations, &generation_view,
-                                   PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                    PyObject_GetBuffer(generations, &generation_view,
+                                       PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
                 held = 3
                 if generation_view.ndim != 1 or generation_view.shape[0] != count:
                     raise ValueError(f"generations must be 1-D with {count} entries (one per "
