@@ -1,6 +1,6 @@
 """Type stubs for the store's boundary (internal; used by cpprb_ray.buffer)."""
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -55,7 +55,7 @@ class ReplayStore:
     @property
     def repairs(self) -> int: ...
     def add(
-        self, values: Sequence[Any], priorities: Optional[Any] = ...,
+        self, values: Union[Sequence[Any], Dict[str, Any]], priorities: Optional[Any] = ...,
         timeout: Optional[float] = ...,
     ) -> int: ...
     def sample(

@@ -624,7 +624,8 @@ class ReplayBuffer:
                timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
         """sample(batch_size, *, out=None, timeout=None) -> dict: uniform sample with replacement.
 
-        Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
+        Every env_dict key as a fresh array of shape ``(batch_size, *shape)`` (the arrays of an
+        earlier result that nothing refers to any more may be refilled), plus "indexes"
         (int64) and "generations" (uint64). Raises ValueError when the buffer is empty (with a
         rate limiter, an empty buffer is one the limiter holds samples back from instead).
         With `out` (a dict of arrays with those keys, shapes and dtypes, C-contiguous and
@@ -1077,7 +1078,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """sample(batch_size, beta=0.4, *, out=None, timeout=None) -> dict: stratified
         proportional sample with replacement.
 
-        Every env_dict key as a fresh array of shape ``(batch_size, *shape)``, plus "indexes"
+        Every env_dict key as a fresh array of shape ``(batch_size, *shape)`` (the arrays of an
+        earlier result that nothing refers to any more may be refilled), plus "indexes"
         (int64), "weights" (float32, ``(N P(i))**-beta / max_j (N P(j))**-beta``) and
         "generations" (uint64, for :meth:`update_priorities`). Raises ValueError when empty
         (without a rate limiter). With `out` (a dict of arrays with those keys, shapes and

@@ -202,7 +202,7 @@ def test_sample_threads_never_share_arrays(backend):
         def learner():
             try:
                 held = []
-                for step in range(300):
+                for _ in range(300):
                     batch = rb.sample(32)
                     k = numbers(batch)
                     held.append((batch, k.copy()))
@@ -230,11 +230,12 @@ def test_python_lists_follow_numpy(dtype):
     every mix of floats, ints and bools, as a batch of a scalar column and as one row of a
     1-D column; a failed add leaves the buffer as it was."""
     rng = np.random.default_rng(7)
-    pools = {"float": lambda: float(rng.normal() * 1e3), "int": lambda: int(rng.integers(-2**40, 2**40)),
+    pools = {"float": lambda: float(rng.normal() * 1e3),
+             "int": lambda: int(rng.integers(-2**40, 2**40)),
              "small int": lambda: int(rng.integers(0, 2)), "bool": lambda: bool(rng.integers(2))}
     env = {"s": {"dtype": dtype}, "v": {"dtype": dtype, "shape": 3}}
     with ReplayBuffer(64, env) as ours, ReplayBuffer(64, env) as reference:
-        for trial in range(60):
+        for _ in range(60):
             kinds = rng.choice(sorted(pools), size=rng.integers(1, 3))
             batch = [pools[kinds[rng.integers(len(kinds))]]() for _ in range(3)]
             row = [pools[kinds[rng.integers(len(kinds))]]() for _ in range(3)]
