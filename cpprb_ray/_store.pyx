@@ -1052,25 +1052,31 @@ cdef class ReplayStore:
         cdef tuple shape
         cdef bytes expected
         cdef bint intact = True
-        for c in range(len(arrays)):
-            try:
-                PyObject_GetBuffer(arrays[c], &views[c],
-                                   PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT)
-            except (BufferError, ValueError):
-                intact = False
-                break
-            acquired += 1
-            shape = self.output_shapes[c]
-            expected = self.output_formats[c]
-            if (expected is None or views[c].ndim != 1 + len(shape) or views[c].shape[0] != batch
-                    or strcmp(views[c].format, PyBytes_AS_STRING(expected)) != 0):
-                intact = False
-                break
-            for d in range(len(shape)):
-                if views[c].shape[d + 1] != <Py_ssize_t>shape[d]:
+        try:
+            for c in range(len(arrays)):
+                try:
+                    PyObject_GetBuffer(arrays[c], &views[c],
+                                       PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT)
+                except (BufferError, ValueError):
                     intact = False
-            if not intact:
-                break
+                    break
+                acquired += 1
+                shape = self.output_shapes[c]
+                expected = self.output_formats[c]
+                if (expected is None or views[c].ndim != 1 + len(shape)
+                        or views[c].shape[0] != batch
+                        or strcmp(views[c].format, PyBytes_AS_STRING(expected)) != 0):
+                    intact = False
+                    break
+                for d in range(len(shape)):
+                    if views[c].shape[d + 1] != <Py_ssize_t>shape[d]:
+                        intact = False
+                if not intact:
+                    break
+        except BaseException:       # (MemoryError): nothing stays exported
+            for c in range(acquired):
+                PyBuffer_Release(&views[c])
+            raise
         if intact:
             return acquired
         for c in range(acquired):

@@ -228,7 +228,7 @@ class ReplayBuffer:
         self._finalizer = weakref.finalize(self, ownership.free) if ownership is not None else None
 
     def _plain_flags(self) -> None:
-        # A cold call pays for every attribute and Python frame it touches (about 10 us of a
+        # A cold call pays for every attribute and Python frame it touches (about 8 us of a
         # cold sample went to the checks that a plain buffer never needs), so the hot methods
         # test one flag each and go straight to the store.
         self._plain_add = self._nstep is None and self._lanes is None
