@@ -39,6 +39,33 @@ cdef enum Accept:
     CONVERT = 2
 
 
+cdef int put_number(uint8_t* slot, char code, int size, object value) except -1:
+    """Write a Python float, int or bool into one element of a column of buffer format `code`
+    and item `size`, where that is a plain cast: a float column takes all three, a bool column
+    only bools, an int64 column ints and bools. 0 (nothing written) for anything else, and
+    for narrower integer columns and ints out of range, which numpy's rules decide."""
+    cdef type kind = type(value)
+    try:
+        if code == b"f" or code == b"d":
+            if kind is not float and kind is not int and kind is not bool:
+                return 0
+            if size == 8:
+                (<double*>slot)[0] = <double>value
+            else:
+                (<float*>slot)[0] = <float><double>value
+        elif code == b"?":
+            if kind is not bool:
+                return 0
+            slot[0] = 1 if value else 0
+        elif (code == b"l" or code == b"q") and (kind is int or kind is bool):
+            (<int64_t*>slot)[0] = <int64_t>value
+        else:
+            return 0
+    except OverflowError:
+        return 0
+    return 1
+
+
 @cython.final
 cdef class ColumnTable:
     """The columns of a layout (name, dtype, shape, offset and row_bytes of each), as C tables.
@@ -249,16 +276,16 @@ cdef class ColumnTable:
 
     cdef int64_t stage_list(self, AddFrame* frame, int c, list value) except -1:
         """Write a flat list of Python numbers (a batch of a scalar column, or one row of a 1-D
-        column) as column c's rows, as stage_scalar writes one number; returns the row count,
-        or 0 when numpy's rules are needed (nested lists, numpy scalars, a narrow integer
-        column, a kind the column does not take as is, an int too large). numpy's list parsing
-        took twice the time of the whole add of a 64-row batch given as three lists."""
+        column) as column c's rows, each as stage_scalar writes one number; returns the row
+        count, or 0 when numpy's rules are needed (nested lists, numpy scalars, a narrow
+        integer column, a kind the column does not take as is, an int too large). numpy's list
+        parsing took twice the time of the whole add of a 64-row batch given as three lists."""
         cdef Py_ssize_t length = len(value), k
         cdef char code = self.codes[c]
+        cdef int size = self.itemsizes[c]
         cdef tuple shape = self.shapes[c]
         cdef int64_t rows
         cdef uint8_t* out
-        cdef type kind
         if length == 0 or code == 0 or len(shape) != 1:
             return 0
         if self.items[c] == 1:
@@ -267,48 +294,21 @@ cdef class ColumnTable:
             rows = 1
         else:
             return 0
-        if code == b"l" or code == b"q":
-            kind = int
-        elif code == b"?":
-            kind = bool
-        elif code != b"f" and code != b"d":
-            return 0
-        out = <uint8_t*>malloc(length * self.itemsizes[c])
+        out = <uint8_t*>malloc(length * size)
         if out == NULL:
             raise MemoryError()
-        try:
-            for k in range(length):
-                item = value[k]
-                if code == b"d" or code == b"f":
-                    if type(item) is not float and type(item) is not int and type(item) is not bool:
-                        break
-                    if code == b"d":
-                        (<double*>out)[k] = <double>item
-                    else:
-                        (<float*>out)[k] = <float><double>item
-                elif code == b"?":
-                    if type(item) is not bool:
-                        break
-                    out[k] = 1 if item else 0
-                else:
-                    if type(item) is not int and type(item) is not bool:
-                        break
-                    (<int64_t*>out)[k] = <int64_t>item
-            else:
-                frame.owned[c] = out
-                frame.pointers[c] = out
-                return rows
-        except OverflowError:
-            pass
-        free(out)
-        return 0
+        for k in range(length):
+            if not put_number(out + k * size, code, size, value[k]):
+                free(out)
+                return 0
+        frame.owned[c] = out
+        frame.pointers[c] = out
+        return rows
 
     cdef int stage_scalar(self, AddFrame* frame, int c, object value) except -1:
         """Write a Python or numpy scalar as column c's one-element row; 0 when numpy's rules
         are needed (a multi-element column, or a kind the column does not take as is)."""
         cdef char code = self.codes[c]
-        cdef int size = self.itemsizes[c]
-        cdef type kind = type(value)
         cdef uint8_t* slot = <uint8_t*>&frame.staged[c]
         if self.items[c] != 1 or code == 0:
             return 0
@@ -325,28 +325,7 @@ cdef class ColumnTable:
                 value = int(value)
             else:
                 return 0
-            kind = type(value)
-        try:
-            if code == b"f" or code == b"d":
-                if kind is float or kind is int or kind is bool:
-                    if size == 8:
-                        (<double*>slot)[0] = <double>value
-                    else:
-                        (<float*>slot)[0] = <float><double>value
-                else:
-                    return 0
-            elif code == b"?":
-                if kind is not bool:
-                    return 0
-                slot[0] = 1 if value else 0
-            elif kind is int or kind is bool:
-                if code == b"l" or code == b"q":
-                    (<int64_t*>slot)[0] = <int64_t>value
-                else:
-                    return 0   # narrower integer columns: numpy says whether it fits
-            else:
-                return 0
-        except OverflowError:
+        if not put_number(slot, code, self.itemsizes[c], value):
             return 0
         frame.pointers[c] = slot
         return 1

@@ -660,9 +660,8 @@ cdef class ReplayStore:
         self.output_names = names + ("indexes", "weights", "generations")
         self.output_template = dict.fromkeys(self.output_names)
         self.output_shapes = [tuple(shape) for shape in self.columns.shapes] + [(), (), ()]
-        self.output_formats = [_format_of(dtype) for dtype in self.columns.dtypes] + [
-            _format_of(_INT64), _format_of(_FLOAT32), _format_of(_UINT64)]
         self.output_dtypes = list(self.columns.dtypes) + [_INT64, _FLOAT32, _UINT64]
+        self.output_formats = [_format_of(dtype) for dtype in self.output_dtypes]
         self.spares = []
         self.spare_batch = 0
 
@@ -980,8 +979,7 @@ cdef class ReplayStore:
             raise ValueError(f"batch_size must be > 0; got {batch}")
         self.check_admissible(SIDE_SAMPLE, batch, "batch_size")
         if out is not None:
-            self.check_out(out, batch)
-            arrays = [out[name] for name in self.output_names]
+            arrays = self.out_arrays(out, batch)
         cdef char* memory = <char*>malloc(count * (sizeof(Py_buffer) + sizeof(uint8_t*))
                                           + batch * sizeof(double))
         if memory == NULL:
@@ -1092,15 +1090,17 @@ cdef class ReplayStore:
         if len(self.spares) > SPARE_SETS:
             del self.spares[0]
 
-    cdef int check_out(self, out, int64_t batch) except -1:
+    cdef list out_arrays(self, out, int64_t batch):
+        """The arrays of `out` in output order, or the error naming the first one that is not
+        a writable C-contiguous array of its output's dtype and shape."""
         if not isinstance(out, dict):
             raise TypeError(f"out must be a dict of arrays; got {type(out).__name__}")
-        cdef ColumnTable columns = self.columns
-        expected = [(columns.names[c], (batch,) + <tuple>columns.shapes[c], columns.dtypes[c])
-                    for c in range(self.columns.count)]
-        expected += [("indexes", (batch,), _INT64), ("weights", (batch,), _FLOAT32),
-                     ("generations", (batch,), _UINT64)]
-        for name, shape, dtype in expected:
+        cdef list arrays = []
+        cdef int c
+        for c in range(len(self.output_names)):
+            name = self.output_names[c]
+            shape = (batch,) + <tuple>self.output_shapes[c]
+            dtype = self.output_dtypes[c]
             array = out.get(name)
             if (type(array) is not _ndarray or array.shape != shape or array.dtype != dtype
                     or not array.flags.c_contiguous or not array.flags.writeable):
@@ -1109,7 +1109,8 @@ cdef class ReplayStore:
                        f"{getattr(array, 'shape', '')}")
                 raise ValueError(f"out[{name!r}] must be a writable C-contiguous {dtype} array "
                                  f"of shape {shape}; got {got}")
-        return 0
+            arrays.append(array)
+        return arrays
 
     # -- update -------------------------------------------------------------------------------
 
