@@ -42,7 +42,7 @@ PIP_FLAGS ?= -q
 PYTEST_ARGS ?=
 EXT_SOURCES := $(wildcard cpprb_ray/*.pyx cpprb_ray/*.pxd)
 EXTENSIONS := _segtree _sync _rules _core _columns _lanes _store
-IMPORT_EXTENSIONS := import cpprb_ray._segtree, cpprb_ray._sync, cpprb_ray._rules, cpprb_ray._core, cpprb_ray._columns, cpprb_ray._lanes, cpprb_ray._store
+IMPORT_EXTENSIONS := import cpprb_ray._segtree, cpprb_ray._sync, cpprb_ray._rules, cpprb_ray._core, cpprb_ray._columns, cpprb_ray._lanes, cpprb_ray._store, cpprb_ray._mapping
 
 # Everything (but Python itself) that CI needs, pinned for CPython 3.7.
 PY37_DEPS := "cython>=3.0,<3.1" "numpy>=1.21,<1.22" "ray==2.7.2" pytest hypothesis cloudpickle \
@@ -137,7 +137,7 @@ endef
 # Everything that drives the extensions in this process: the tree, the mutex, the store (through
 # the buffer), bad input, the defects, and the docstring examples.
 DEBUG_TESTS := tests/test_segtree.py tests/test_sync.py tests/test_doctests.py tests/test_buffer.py \
-    tests/test_bad_input.py tests/test_defects.py
+    tests/test_bad_input.py tests/test_defects.py tests/test_mapping.py
 
 # $(call checking_venv,DIR): a fresh venv in DIR with what a checking build (debug, sanitizer)
 # needs to build and run the extension tests; nothing else.

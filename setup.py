@@ -57,7 +57,8 @@ extensions = [
         libraries=libraries,
         define_macros=macros,
     )
-    for name in ("_segtree", "_sync", "_rules", "_core", "_columns", "_lanes", "_store")
+    for name in ("_segtree", "_sync", "_rules", "_core", "_columns", "_lanes", "_store",
+                 "_mapping")
 ]
 
 setup(

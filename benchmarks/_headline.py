@@ -312,6 +312,7 @@ def run(cpprb_ray: Any, cpprb: Any, peer_modules: Dict[str, Any], plan: Dict[str
     ours = libraries.make_ours(cpprb_ray, capacity, seed)
     name = ours.buffer.name
     facts["out_supported"] = ours.out_supported
+    facts["ours_huge_page_bytes"] = ours.buffer.stats()["huge_page_bytes"]
     peers: Dict[str, Any] = {}
     try:
         theirs = libraries.make_cpprb(cpprb, capacity, seed)

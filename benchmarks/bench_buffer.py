@@ -32,10 +32,10 @@ consecutive (secondary)
 
 Consecutive ops: sample(256); update(256) (indexes of earlier samples, fresh float32 priorities);
 update(256)+gen (ours also passes the sample's generations; cpprb has no such argument, so its
-column repeats its plain update); sample+update(256), one learner step (cpprb defers part of an
-update's tree work to its next sample, so its update alone can look cheaper or dearer than its
-share of a step); add(1) py (float32[4] obs arrays, Python scalars); add(1) np (numpy scalars);
-add(64). Adds go into the full buffer, overwriting the oldest rows, as in a running experiment.
+column repeats its plain update); sample+update(256), one learner step (each call finds the
+caches the other left, so a step is not the sum of the two alone); add(1) py (float32[4] obs
+arrays, Python scalars); add(1) np (numpy scalars); add(64). Adds go into the full buffer,
+overwriting the oldest rows, as in a running experiment.
 """
 
 from __future__ import annotations
@@ -316,6 +316,8 @@ def run_headline(cpprb_ray, cpprb, args, info: Dict[str, Any]) -> Dict[str, Any]
     print("µs per call, median (min); ratio = their median / ours (their min / ours in "
           f"brackets); timer overhead {facts['timer_overhead_us']:.2f} µs per call, included "
           f"on every side.")
+    print(f"ours: {facts['ours_huge_page_bytes'] / 2**20:.0f} MiB of its segment in 2 MiB "
+          f"pages (0: the kernel declined, or CPPRB_RAY_HUGE_PAGES=0; docs/design.md).")
     if not facts["out_supported"]:
         print("sample(256) out=: not measured: this build's sample() takes no out=.")
     print()

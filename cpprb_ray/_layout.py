@@ -193,7 +193,8 @@ def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
             or layout_end > header["data_offset"] or header["data_offset"] > size):
         raise corrupt(location, "inconsistent header fields")
     try:
-        document = json.loads(bytes(memory[header["layout_offset"]:layout_end]).decode())
+        with memoryview(memory) as view:
+            document = json.loads(bytes(view[header["layout_offset"]:layout_end]).decode())
         entries = document["columns"]
         # The same rules as for a user's env_dict: a crafted layout must not smuggle in an
         # object dtype (a gather would copy raw pointers) or a non-positive dimension.

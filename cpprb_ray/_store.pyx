@@ -846,6 +846,14 @@ cdef class ReplayStore:
     def repairs(self):
         return self.header().repairs
 
+    def hot_regions(self):
+        """[(offset, bytes)] of the parts of the segment that every sample reads at random
+        places, the most read first: the tree (each walk reads one line per level), then the
+        rows. What a handle asks 2 MiB pages for (_memory.prefer_huge_pages)."""
+        cdef Header* h = self.header()
+        return [(<int64_t>h.tree_offset, 8 * tree_doubles(self.view.capacity, NULL)),
+                (<int64_t>h.data_offset, self.view.capacity * self.view.stride)]
+
     def counters(self):
         """The header's counters and sizes and the rate limiter's state, as a dict.
 

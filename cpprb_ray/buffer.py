@@ -202,6 +202,10 @@ class ReplayBuffer:
         # actor, for a handle on a node that cannot see the segment); else the segment itself.
         self._store = (_store.ReplayStore(segment.memory, layout.columns, seed, lock_timeout)
                        if store is None else store)
+        if store is None:
+            # Every sample reads the tree's lower levels and the rows at random places: in
+            # 2 MiB pages those reads stop missing the TLB (docs/design.md, "Huge pages").
+            _memory.prefer_huge_pages(segment, self._store.hot_regions())
         self._column_order = tuple(c.name for c in layout.columns)
         self._lanes: Optional[frames.LaneWriter] = None
         if lane_config is not None:
@@ -927,6 +931,10 @@ class ReplayBuffer:
         ``lock_holder``
             The thread id holding the lock now (0: free); one that never changes over seconds
             is a process stopped (SIGSTOP, a debugger) inside a call.
+        ``huge_page_bytes``
+            Bytes of THIS process's mapping of the segment backed by 2 MiB pages (the tree
+            and the rows, where the kernel can; 0 on a node that reaches the buffer through
+            its proxy). See docs/design.md, "Huge pages".
         ``nstep_staged``
             With ``Nstep``: steps THIS handle has staged (not in the segment yet); else absent.
         ``rate_limiter``
@@ -956,6 +964,7 @@ class ReplayBuffer:
         """
         counters = self._store.counters()
         counters["fill"] = counters["stored"] / counters["capacity"]
+        counters["huge_page_bytes"] = getattr(self._segment.memory, "huge_bytes", 0)
         if not self._prioritized:
             counters["max_priority"] = None
         if self._nstep is not None:

@@ -106,7 +106,13 @@ class GuardedMapping(np.ndarray):
     """A segment mapped between two inaccessible 1 MiB guards: what _memory maps in the fuzz
     children (Guards), so that a read or write outside a segment faults at once instead of
     landing, unseen, in a neighbouring mapping (mappings are usually adjacent). The same file,
-    MAP_SHARED; used like the mmap.mmap it stands for (buffer, slices, close, closed)."""
+    MAP_SHARED; used like the _mapping.Mapping it stands for (buffer, slices, close, closed)."""
+
+    # The fuzz is about wild accesses, not speed: its segments keep their 4 KiB pages.
+    huge_bytes = 0
+
+    def collapse(self, offset: int, length: int) -> int:
+        return 0
 
     def close(self) -> None:
         if not self.closed:

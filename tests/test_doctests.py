@@ -21,7 +21,7 @@ MODULES = ["cpprb_ray", "cpprb_ray.buffer", "cpprb_ray.nstep", "cpprb_ray._orpha
            "cpprb_ray._proxy", "benchmarks._two_nodes", "benchmarks._workloads",
            "benchmarks._compare_worker", "benchmarks._compare_report"]
 EXTENSION_MODULES = ["cpprb_ray._segtree", "cpprb_ray._sync", "cpprb_ray._rules",
-                     "cpprb_ray._columns", "cpprb_ray._store"]
+                     "cpprb_ray._columns", "cpprb_ray._store", "cpprb_ray._mapping"]
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
