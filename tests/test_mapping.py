@@ -222,6 +222,43 @@ def test_a_buffer_asks_for_huge_pages_for_its_tree_and_rows():
         assert child.exitcode == 0
 
 
+def _attach_and_collapse(name: str, queue) -> None:
+    with cpprb_ray.ReplayBuffer.attach(name) as view:
+        queue.put(view._segment.memory.huge_bytes)
+
+
+def test_a_collapse_while_another_process_writes_loses_nothing(monkeypatch):
+    """The owner keeps 4 KiB pages (CPPRB_RAY_HUGE_PAGES=0) and writes rows while a view in
+    another process attaches and makes the same pages huge (the kernel copies them as they
+    are written): every row is what was written, and the tree agrees with it."""
+    monkeypatch.setenv("CPPRB_RAY_HUGE_PAGES", "0")
+    capacity = 2**18
+    with cpprb_ray.PrioritizedReplayBuffer(capacity, {"obs": {"shape": 4}}) as rb:
+        assert rb._segment.memory.huge_bytes == 0
+        monkeypatch.delenv("CPPRB_RAY_HUGE_PAGES")
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        child = context.Process(target=_attach_and_collapse, args=(rb.name, queue))
+        child.start()
+        written = 0
+        while child.is_alive() or written < capacity:
+            block = np.arange(written, written + 4096, dtype=np.float64)
+            rb.add(obs=np.repeat(block[:, None], 4, axis=1), priorities=block % 97 + 1)
+            written += 4096
+        child.join(60)
+        assert child.exitcode == 0
+        huge = queue.get(timeout=10)
+        assert (huge > 0) == kernel_collapses_shmem()
+        everything = rb.get_all_transitions()
+        first = written - capacity            # the rows still held, oldest first by slot
+        expected = np.arange(first, written, dtype=np.float64)
+        slots = (np.arange(first, written) % capacity)
+        assert (everything["obs"][slots] == expected[:, None]).all()
+        leaves = rb._store.check_tree()[1]
+        np.testing.assert_allclose(leaves[slots], (expected % 97 + 1 + 1e-4) ** 0.6,
+                                   rtol=1e-12)
+
+
 def test_the_environment_switch_turns_huge_pages_off():
     script = ("import cpprb_ray\n"
               "with cpprb_ray.PrioritizedReplayBuffer(2**18, {'obs': {'shape': 4}}) as rb:\n"
