@@ -47,6 +47,8 @@ cdef void tree_set(TreeView* view, const int64_t* indices, const double* values,
                    int64_t count) noexcept nogil
 cdef void tree_unset(TreeView* view, const int64_t* indices, int64_t count) noexcept nogil
 cdef void tree_refresh(TreeView* view, const int64_t* indices, int64_t count) noexcept nogil
+cdef void tree_prefetch_leaves(const TreeView* view, const int64_t* indices,
+                               int64_t count) noexcept nogil
 cdef void tree_refresh_range(TreeView* view, int64_t start, int64_t count) noexcept nogil
 cdef void tree_rebuild(TreeView* view) noexcept nogil
 cdef double tree_total(const TreeView* view) noexcept nogil

@@ -155,6 +155,16 @@ cdef void tree_refresh(TreeView* view, const int64_t* indices, int64_t count) no
                     previous = node
 
 
+cdef void tree_prefetch_leaves(const TreeView* view, const int64_t* indices,
+                               int64_t count) noexcept nogil:
+    """Ask for the leaf lines of `indices`, about to be written. An update asks while it
+    computes the new weights, so that these misses overlap the arithmetic instead of stalling
+    its loop under the lock (its parents' lines are asked for by tree_refresh)."""
+    cdef int64_t k
+    for k in range(count):
+        prefetch_write(view.sums + indices[k])
+
+
 cdef void tree_refresh_range(TreeView* view, int64_t start, int64_t count) noexcept nogil:
     """Recompute the ancestors of leaves [start, start + count)."""
     cdef int64_t node

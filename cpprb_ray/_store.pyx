@@ -56,7 +56,7 @@ from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_MIN_SIZE, LIMITER_NONE,
 from cpprb_ray._rules cimport (PriorityRule, as_timeout, first_bad_priority,
                                first_out_of_range, priority_rule, raise_bad_priority)
 from cpprb_ray._segtree cimport (TreeView, Xoshiro256, min_key, rng_seed, tree_bind, tree_clear_all,
-                                 tree_doubles, tree_min, tree_total)
+                                 tree_doubles, tree_min, tree_prefetch_leaves, tree_total)
 from cpprb_ray._sync cimport (gate_wait, gate_wake, monotonic_seconds, mutex_holder, mutex_init,
                               pthread_mutex_t)
 
@@ -301,6 +301,12 @@ cdef struct RateCall:
     double nap                # the next sleep on its gate (one slice, or what is left)
     uint32_t seen             # the gate's value when it decided to sleep
     bint sleeping             # it is to sleep on its gate and try again
+
+cdef enum:
+    # update(): leaf lines asked for per chunk of weights computed. update(256) at 2**20,
+    # interleaved with cpprb's: 14.4 us without; 12.5 us in chunks of 8; 12.8 us asking for
+    # all 256 before the weights; 13.4 to 14.1 us asking for their parents' lines too.
+    WARM_CHUNK = 8
 
 cdef enum:
     WAKE_INSERTERS = 1
@@ -886,11 +892,24 @@ cdef class ReplayStore:
     # -- priorities -----------------------------------------------------------------------------
 
     cdef int weigh(self, const double* priorities, double* weights, int64_t count,
-                   str name) except -1:
+                   str name, const int64_t* update_indexes=NULL) except -1:
         cdef bint overflow = False
-        cdef int64_t bad
+        cdef int64_t bad = -1, start, size
         with nogil:
-            bad = first_bad_priority(&self.rule, priorities, weights, count, &overflow)
+            if update_indexes == NULL:
+                bad = first_bad_priority(&self.rule, priorities, weights, count, &overflow)
+            else:
+                # An update's leaves (indexes already checked) are asked for chunk by chunk as
+                # their weights are computed: the misses overlap the pow() calls.
+                start = 0
+                while start < count and bad < 0:
+                    size = min(WARM_CHUNK, count - start)
+                    tree_prefetch_leaves(&self.view.tree, update_indexes + start, size)
+                    bad = first_bad_priority(&self.rule, priorities + start, weights + start,
+                                             size, &overflow)
+                    if bad >= 0:
+                        bad += start
+                    start += size
         if bad >= 0:
             raise_bad_priority(&self.rule, priorities[bad], bad, overflow, name)
         return 0
@@ -1193,7 +1212,8 @@ cdef class ReplayStore:
                     for k in range(count):
                         scratch[count + k] = single[k]
                 arguments.priorities = scratch + count
-            self.weigh(arguments.priorities, scratch, count, "priorities")
+            self.weigh(arguments.priorities, scratch, count, "priorities",
+                       <const int64_t*>index_view.buf)
             arguments.indexes = <const int64_t*>index_view.buf
             arguments.weights = scratch
             arguments.generations = (<const uint64_t*>generation_view.buf if held >= 3
