@@ -192,8 +192,8 @@ cdef class Mapping:
         with huge pages now (``MADV_COLLAPSE``), except a unit that the end of the mapping
         cuts, or that an earlier call made huge; returns the bytes it made huge: 0 when no unit
         qualifies or the kernel declined (a unit it declines keeps its 4 KiB pages). It copies
-        every 4 KiB page of a unit that is not huge yet (about 2 ms per MiB here), with the GIL
-        released; contents never change.
+        every 4 KiB page of a unit that is not huge yet (0.3 to 2.7 ms per MiB here), with the
+        GIL released; contents never change.
 
         Examples
         --------

@@ -97,8 +97,9 @@ class Segment:
 
 
 # What prefer_huge_pages may ask for per mapping: making a range huge copies its 4 KiB pages
-# (2 to 3 ms per MiB measured here), so a 1 GiB segment takes up to about 3 s more to create;
-# beyond it, rows are usually large enough that their TLB miss is small beside copying them.
+# (0.3 to 2.7 ms per MiB measured here), so a 1 GiB segment takes up to about 3 s more to
+# create; beyond it, rows are usually large enough that their TLB miss is small beside copying
+# them.
 HUGE_PAGE_BUDGET = 1 << 30
 
 
