@@ -47,6 +47,8 @@ cdef extern from *:
     """
     const int MADV_COLLAPSE "CPPRB_RAY_MADV_COLLAPSE"
 
+# A PMD's span: the huge page size of x86-64, and of arm64 with 4 KiB pages (with 64 KiB
+# pages it is 512 MiB, and collapse() then makes nothing huge).
 HUGE_PAGE = 2 << 20
 cdef size_t HUGE = 2 << 20
 
@@ -120,11 +122,11 @@ cdef class Mapping:
             error = errno
             munmap(reserved, self.mapped + HUGE)
             raise OSError(error, strerror(error).decode())
+        # Give back the reservation's head (empty when it was aligned already) and its tail
+        # (never empty: aligned < reserved + HUGE).
         if aligned > reserved:
             munmap(reserved, <size_t>(aligned - reserved))
-        if reserved + self.mapped + HUGE > aligned + self.mapped:
-            munmap(aligned + self.mapped,
-                   <size_t>((reserved + self.mapped + HUGE) - (aligned + self.mapped)))
+        munmap(aligned + self.mapped, <size_t>(reserved + HUGE - aligned))
         self.start = aligned
         self.huge_units = bytearray(self.size // HUGE)
         self.is_closed = False
