@@ -47,7 +47,10 @@ if OPT:
         raise SystemExit(f"CPPRB_RAY_OPT must be one of 0 1 2 3 s g; got {OPT!r}")
     compile_args = [flag for flag in compile_args if not flag.startswith("-O")] + [f"-O{OPT}"]
 macros: list = []
-libraries = ["pthread"] if sys.platform.startswith("linux") else []
+# libm named at link time, so that pow and powf are bound to glibc's current versions
+# (pow@GLIBC_2.29, powf@GLIBC_2.27): left unversioned, the loader binds them to the oldest ones,
+# the SVID-compatible wrappers (5 % of a cached update(256) in perf; 0.1 us less without).
+libraries = ["pthread", "m"] if sys.platform.startswith("linux") else []
 
 extensions = [
     Extension(
