@@ -14,8 +14,12 @@ finds them after its network step. Printed: median, 25th percentile and minimum 
 - ``sample(256)`` at 2^10 and at 2^20 rows, and ``update_priorities(256)`` of its indexes
   (what the buffer's size adds: the tree's lower levels and the rows miss in every cache);
 - ``SegmentTree.sample(256)`` of the bare 2^20 tree in 4 KiB shared-memory pages (a file in
-  /dev/shm, as a buffer's segment) and in an anonymous mapping with ``MADV_HUGEPAGE`` (2 MiB
-  pages where transparent huge pages are allowed): the share of the TLB misses.
+  /dev/shm mapped by ``mmap.mmap``, as a buffer's segment was before it asked for huge pages)
+  and in an anonymous mapping with ``MADV_HUGEPAGE`` (2 MiB pages where transparent huge pages
+  are allowed): the share of the TLB misses.
+
+The buffers themselves ask for 2 MiB pages (docs/design.md, "Huge pages"); the first line
+printed says how much of each they got (``CPPRB_RAY_HUGE_PAGES=0`` to compare without).
 """
 
 from __future__ import annotations
@@ -117,7 +121,10 @@ def main() -> None:
         finally:
             gc.enable()
         print(f"{rounds} rounds, each call after a {SWEEP_BYTES >> 20} MiB sweep; "
-              f"{page_setting()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+              f"{page_setting()}; buffers in 2 MiB pages: "
+              f"{big.stats()['huge_page_bytes'] >> 20} MiB at 2^20, "
+              f"{small.stats()['huge_page_bytes'] >> 20} MiB at 2^10; "
+              f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print("| call | median µs | p25 µs | min µs |\n|:---|---:|---:|---:|")
         for name in names:
             series = np.sort(np.array(times[name])) / 1000.0

@@ -857,7 +857,7 @@ cdef class ReplayStore:
         places, the most read first: the tree (each walk reads one line per level), then the
         rows. What a handle asks 2 MiB pages for (_memory.prefer_huge_pages)."""
         cdef Header* h = self.header()
-        return [(<int64_t>h.tree_offset, 8 * tree_doubles(self.view.capacity, NULL)),
+        return [(<int64_t>h.tree_offset, tree_nbytes(self.view.capacity)),
                 (<int64_t>h.data_offset, self.view.capacity * self.view.stride)]
 
     def counters(self):
