@@ -24,6 +24,7 @@ contents and every behaviour are the same either way.
 
 cimport cython
 from cpython.buffer cimport PyBuffer_FillInfo
+from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport EINVAL, errno
 from libc.stdint cimport uintptr_t
 from libc.string cimport strerror
@@ -211,6 +212,7 @@ cdef class Mapping:
         cdef size_t unit, last
         cdef size_t done = 0
         cdef char* marks
+        cdef int status, error
         if self.is_closed:
             raise ValueError("mmap closed or invalid")
         if offset < 0 or length < 0 or <size_t>offset > self.size:
@@ -227,22 +229,23 @@ cdef class Mapping:
         marks = self.huge_units
         self.exports += 1       # close() from another thread is refused until this ends
         try:
-            self._collapse_units(unit, last, marks, &done)
+            # One unit at a time: a unit the kernel cannot make huge (EAGAIN, ENOMEM) does not
+            # stop the others, and the count says how much was done. EINVAL: the kernel or the
+            # filesystem has no such advice, so no other unit can succeed either. Signals are
+            # looked at between two units (a unit takes milliseconds, a GiB seconds), so that
+            # Ctrl-C or a SIGTERM handler does not wait for the whole range.
+            while unit < last:
+                if not marks[unit]:
+                    with nogil:
+                        status = madvise(self.start + unit * HUGE, HUGE, MADV_COLLAPSE)
+                        error = errno
+                    if status == 0:
+                        marks[unit] = 1
+                        done += HUGE
+                    elif error == EINVAL:
+                        break
+                    PyErr_CheckSignals()
+                unit += 1
         finally:
             self.exports -= 1
         return <Py_ssize_t>done
-
-    cdef void _collapse_units(self, size_t unit, size_t last, char* marks,
-                              size_t* done) noexcept:
-        with nogil:
-            # One unit at a time: a unit the kernel cannot make huge (EAGAIN, ENOMEM) does not
-            # stop the others, and the count says how much was done. EINVAL: the kernel or the
-            # filesystem has no such advice, so no other unit can succeed either.
-            while unit < last:
-                if not marks[unit]:
-                    if madvise(self.start + unit * HUGE, HUGE, MADV_COLLAPSE) == 0:
-                        marks[unit] = 1
-                        done[0] += HUGE
-                    elif errno == EINVAL:
-                        break
-                unit += 1

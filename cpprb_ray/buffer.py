@@ -202,10 +202,6 @@ class ReplayBuffer:
         # actor, for a handle on a node that cannot see the segment); else the segment itself.
         self._store = (_store.ReplayStore(segment.memory, layout.columns, seed, lock_timeout)
                        if store is None else store)
-        if store is None:
-            # Every sample reads the tree's lower levels and the rows at random places: in
-            # 2 MiB pages those reads stop missing the TLB (docs/design.md, "Huge pages").
-            _memory.prefer_huge_pages(segment, self._store.hot_regions())
         self._column_order = tuple(c.name for c in layout.columns)
         self._lanes: Optional[frames.LaneWriter] = None
         if lane_config is not None:
@@ -230,6 +226,12 @@ class ReplayBuffer:
         ownership = Ownership(segment.backend, segment.location, layout.token) if owner else None
         self._ownership = ownership
         self._finalizer = weakref.finalize(self, ownership.free) if ownership is not None else None
+        if store is None:
+            # Every sample reads the tree's lower levels and the rows at random places: in
+            # 2 MiB pages those reads stop missing the TLB (docs/design.md, "Huge pages").
+            # Last, once the segment is owned: a SIGTERM during the copy (up to about 3 s for
+            # 1 GiB) then frees it like any other.
+            _memory.prefer_huge_pages(segment, self._store.hot_regions())
 
     def _plain_flags(self) -> None:
         # A cold call pays for every attribute and Python frame it touches (about 8 us of a
