@@ -422,6 +422,38 @@ def test_no_drift_after_a_million_updates():
     assert fresh.total() == total and fresh.min() == tree.min()
 
 
+@pytest.mark.parametrize("capacity", [2**20, 2**17 + 5])
+def test_every_node_is_what_a_rebuild_makes_after_random_batches(capacity):
+    """The refresh recomputes a min only as far up as it changed, and lists each node once per
+    level. Whatever the batch (sorted, as a sample gives them; shuffled; runs of one index;
+    more than one chunk of 1024), every node, on the wide levels too (2**20 has two), must be
+    bit for bit what a rebuild from the leaves makes."""
+    memory = bytearray(SegmentTree.nbytes(capacity))
+    tree = SegmentTree(memory, capacity)
+    # A cleared tree's inner sums are +0.0 where a rebuild writes the -0.0 sum of unset leaves
+    # (the same value): start from the rebuild's bits, so that only a stale node differs.
+    tree.rebuild()
+    rng = np.random.default_rng(20261201)
+    for step in range(80):
+        size = int(rng.choice([1, 7, 256, 3000]))
+        indices = rng.integers(0, capacity, size)
+        if step % 4 == 0:
+            indices.sort()
+        elif step % 4 == 1:   # few distinct leaves, so batches repeat and merge early
+            indices = np.repeat(rng.integers(0, capacity, size // 16 + 1), 16)[:size]
+        if step % 9 == 5:
+            tree.clear(indices[: size // 4 + 1])
+            continue
+        # Seven orders of magnitude and 5% zeros, so that mins change at every level.
+        values = rng.exponential(size=size) * 10.0 ** rng.integers(-6, 2, size)
+        values[rng.random(size) < 0.05] = 0.0
+        tree.set(indices, values)
+        if step % 20 == 19:
+            rebuilt = bytearray(memory)
+            SegmentTree(rebuilt, capacity, initialize=False).rebuild()
+            assert rebuilt == memory, f"a node differs from its rebuild after step {step}"
+
+
 # ---------------------------------------------------------------------------------------------
 # Sampling
 
