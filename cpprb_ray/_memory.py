@@ -27,7 +27,7 @@ import os
 import pwd
 import secrets
 import tempfile
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 from cpprb_ray._mapping import Mapping
 
@@ -39,6 +39,9 @@ except ImportError:  # pragma: no cover - exercised by the Python 3.7 leg
 PREFIX = "cpprb_ray_"
 SHM_DIR = "/dev/shm"
 BACKENDS = ("shm", "mmap")
+
+#: A file's (st_dev, st_ino): which file a name held when we created it.
+Identity = Tuple[int, int]
 
 
 def shm_available() -> bool:
@@ -138,8 +141,14 @@ def _map(fd: int, size: int) -> Mapping:
 
 
 def create(backend: str, size: int, name: Optional[str] = None,
-           path: Optional[str] = None) -> Segment:
-    """Create a zero-filled segment of `size` bytes (mode 0600, never reusing a name)."""
+           path: Optional[str] = None,
+           on_open: Optional[Callable[[str, Identity], Any]] = None) -> Segment:
+    """Create a zero-filled segment of `size` bytes (mode 0600, never reusing a name).
+
+    `on_open(location, identity)` is called as soon as the file exists, before it is filled
+    (for hundreds of MiB, a tenth of a second and more): the caller can claim it for freeing
+    then, so that a SIGTERM while it is filled does not leave it behind. `identity` is the
+    file's (device, inode); if create then fails, the file is gone when it raises."""
     if backend == "shm":
         if path is not None:
             raise ValueError("path= is only for backend='mmap'")
@@ -157,6 +166,9 @@ def create(backend: str, size: int, name: Optional[str] = None,
         fd = os.open(location, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         unlink_on_error = lambda: os.unlink(location)  # noqa: E731
     try:
+        if on_open is not None:
+            stat = os.fstat(fd)
+            on_open(location, (stat.st_dev, stat.st_ino))
         _reserve(fd, size)
         memory = _map(fd, size)
     except BaseException as error:
@@ -331,6 +343,15 @@ def unlink(backend: str, location: str) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+def identity_at(backend: str, location: str) -> Optional[Identity]:
+    """The (device, inode) of the file at `location` now; None when there is none."""
+    try:
+        stat = os.stat(file_of(backend, location))
+    except FileNotFoundError:
+        return None
+    return (stat.st_dev, stat.st_ino)
 
 
 def file_of(backend: str, location: str) -> str:

@@ -13,7 +13,8 @@ The ways a process ends, and what frees its segments:
   ``multiprocessing.util``'s finalizers, not ``atexit``: a ``Finalize`` registered with an exit
   priority frees there (after the child's own children were joined).
 - SIGTERM (``docker stop``, Kubernetes, ``Process.terminate()``): a handler installed when the
-  first owner handle is created, see :func:`install_sigterm_handler`.
+  first owner handle is created, see :func:`install_sigterm_handler`. An owner's claim starts
+  as soon as its file exists, before the file is filled (see :class:`Ownership`).
 - SIGKILL, the OOM killer, a crash, ``os._exit`` in a plain process: nothing can run;
   ``python -m cpprb_ray rm --orphans`` removes what they leave.
 
@@ -50,14 +51,23 @@ _sigterm_installed = False
 
 
 class Ownership:
-    """The right to free one segment: its backend, location, token, and the creating pid."""
+    """The right to free one segment: its backend, location, token, and the creating pid.
 
-    __slots__ = ("backend", "location", "token", "pid", "_exit_finalizer", "__weakref__")
+    An ownership taken while the segment is still being filled (`creating`: the file's
+    identity from :func:`_memory.create`'s ``on_open``) frees the file with that identity,
+    since its token is not written yet; :meth:`created` switches it to the token, once the
+    header holds it (an inode number can be reused by another file; a token cannot).
+    """
 
-    def __init__(self, backend: str, location: str, token: Optional[str]) -> None:
+    __slots__ = ("backend", "location", "token", "creating", "pid", "_exit_finalizer",
+                 "__weakref__")
+
+    def __init__(self, backend: str, location: str, token: Optional[str],
+                 creating: Optional[_memory.Identity] = None) -> None:
         self.backend = backend
         self.location = location
         self.token = token
+        self.creating = creating
         self.pid = os.getpid()
         _live[id(self)] = self
         # obj=None: a finalizer kept until it runs or is cancelled (free() cancels it).
@@ -76,8 +86,15 @@ class Ownership:
         self._exit_finalizer.cancel()
         return self._unlink_if_ours()
 
+    def created(self) -> None:
+        """The segment's header now holds the token: free by token from now on."""
+        self.creating = None
+
     def _unlink_if_ours(self) -> bool:
-        if self.token is None or _layout.token_at(self.backend, self.location) != self.token:
+        if self.creating is not None:
+            if _memory.identity_at(self.backend, self.location) != self.creating:
+                return False
+        elif self.token is None or _layout.token_at(self.backend, self.location) != self.token:
             return False
         return _memory.unlink(self.backend, self.location)
 

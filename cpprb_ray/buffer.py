@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, Mapping, Optional, Type, Union
+from typing import Any, Dict, List, Mapping, Optional, Type, Union
 
 import numpy as np
 
@@ -158,8 +158,21 @@ class ReplayBuffer:
         layout = _layout.plan(capacity, columns, self._prioritized, backend,
                               extra_meta=nstep.meta_of(nstep_config),
                               lanes=None if lane_config is None else lane_config.to_meta())
-        segment = _memory.create(backend, layout.total_size, name=name,
-                                 path=None if path is None else os.fspath(path))
+        claimed: List[Ownership] = []
+
+        def claim(location: str, identity: _memory.Identity) -> None:
+            # Claimed for freeing as soon as the file exists: filling it takes a while, and a
+            # SIGTERM meanwhile must not leave it behind.
+            claimed.append(Ownership(backend, location, layout.token, creating=identity))
+
+        try:
+            segment = _memory.create(backend, layout.total_size, name=name,
+                                     path=None if path is None else os.fspath(path),
+                                     on_open=claim)
+        except BaseException:
+            for ownership in claimed:
+                ownership.free()   # (create removed the file; this forgets the claim)
+            raise
         try:
             _store.initialize_segment(
                 segment.memory, total_size=layout.total_size, capacity=capacity,
@@ -171,20 +184,21 @@ class ReplayBuffer:
                 tree_offset=layout.tree_offset,
                 row_stride=layout.row_stride, created_ns=time.time_ns(),
                 limiter=None if limiter is None else limiter.record())
-            self._bind(segment, layout, owner=True, seed=seed, lock_timeout=lock_timeout)
+            claimed[0].created()
+            self._bind(segment, layout, owner=True, seed=seed, lock_timeout=lock_timeout,
+                       ownership=claimed[0])
         except BaseException:
             store = getattr(self, "_store", None)
             if store is not None:
                 store.release()
             segment.close()
-            ownership = getattr(self, "_ownership", None)
-            if ownership is not None:
-                ownership.free()
+            claimed[0].free()
             _memory.unlink(segment.backend, segment.location)
             raise
 
     def _bind(self, segment: _memory.Segment, layout: _layout.Layout, *, owner: bool,
-              seed: Optional[int], lock_timeout: float = 60.0, store: Any = None) -> None:
+              seed: Optional[int], lock_timeout: float = 60.0, store: Any = None,
+              ownership: Optional[Ownership] = None) -> None:
         # First, before anything that must be released: a broken N-step record refuses the
         # segment. The staging is this handle's own and starts empty.
         lane_config = frames.LaneConfig.from_meta(layout.meta, layout.columns, segment.location)
@@ -221,10 +235,12 @@ class ReplayBuffer:
         self._pickled_for_ray = False   # an owner's close then ends the buffer's proxy actor
         if not owner and store is None:
             self._check_lock_holder(segment.location)
-        # Frees only in this process, and only the segment with this layout's token (see
-        # _ownership for every way out of a process that frees it).
-        ownership = Ownership(segment.backend, segment.location, layout.token) if owner else None
-        self._ownership = ownership
+        # `ownership` (an owner's, claimed when the file was made) frees only in this process,
+        # and only the segment with this layout's token (see _ownership for every way out of a
+        # process that frees it).
+        if owner and ownership is None:
+            raise ValueError("an owner's _bind needs its ownership")
+        self._ownership = ownership = ownership if owner else None
         self._finalizer = weakref.finalize(self, ownership.free) if ownership is not None else None
         if store is None:
             # Every sample reads the tree's lower levels and the rows at random places: in

@@ -157,6 +157,50 @@ def test_sigterm_ignored_stays_ignored(backend):
         owner.cleanup()
 
 
+CREATING_SCRIPT = """
+import sys
+import cpprb_ray
+backend, name = sys.argv[1], sys.argv[2]
+# 2**24 rows: about 680 MiB, whose reservation alone (posix_fallocate) takes 0.1 s or more.
+cpprb_ray.PrioritizedReplayBuffer(2**24, {"obs": {"shape": 4}}, backend=backend, name=name)
+print("created", flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.01, 0.25])
+def test_sigterm_while_the_segment_is_being_created_frees_it(backend, delay):
+    """The segment's file exists from its open on, and filling it (the reservation, the header,
+    the huge pages) takes a while for a large buffer: a SIGTERM then frees it too, and the
+    process still dies of SIGTERM. tmpfs gives the file its size only when the reservation
+    ends, so a size of 0 at the kill says that the kill landed inside it."""
+    name = f"cpprb_ray_test_creating_{os.getpid()}_{int(delay * 1000)}"
+    file = os.path.join("/dev/shm", name)   # both backends' default place
+    process = subprocess.Popen(
+        [sys.executable, "-c", CREATING_SCRIPT, backend, name], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=child_env())
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not os.path.exists(file):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the segment never appeared"
+            time.sleep(0.0005)
+        time.sleep(delay)
+        size = os.stat(file).st_size
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=TIMEOUT)
+        assert process.returncode == -signal.SIGTERM, err
+        assert "created" not in out
+        assert not os.path.exists(file), f"left behind (size {size} at the kill)"
+        if delay < 0.1:
+            assert size == 0, "the kill did not land inside the reservation"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=TIMEOUT)
+        if os.path.exists(file):
+            os.unlink(file)
+
+
 def assert_orphan_listed_and_removed(owner: OwnerProcess, pid: int) -> None:
     assert os.path.exists(owner.file)
     listed = [line.split() for line in cli("ls").stdout.splitlines()[1:]]
