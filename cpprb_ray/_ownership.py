@@ -79,12 +79,18 @@ class Ownership:
         """Unlink the segment if this is the creating process and the name still holds our
         segment; True if it was unlinked. Idempotent; safe to call from any of the paths above.
         """
+        return self.forget() and self._unlink_if_ours()
+
+    def forget(self) -> bool:
+        """Give the right up without unlinking (the file is gone already: a failed create
+        removed it, and another file may take its name, even its inode number, at once); True
+        if this process held it until now."""
         if os.getpid() != self.pid:
             return False
         if _live.pop(id(self), None) is None:
             return False
         self._exit_finalizer.cancel()
-        return self._unlink_if_ours()
+        return True
 
     def created(self) -> None:
         """The segment's header now holds the token: free by token from now on."""

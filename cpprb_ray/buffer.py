@@ -171,7 +171,7 @@ class ReplayBuffer:
                                      on_open=claim)
         except BaseException:
             for ownership in claimed:
-                ownership.free()   # (create removed the file; this forgets the claim)
+                ownership.forget()   # create removed the file already
             raise
         try:
             _store.initialize_segment(

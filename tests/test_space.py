@@ -35,7 +35,10 @@ def failure(make, directory):
     try:
         rb = make()
     except OSError as error:
-        return {"errno": error.errno, "message": str(error), "left": sorted(os.listdir(directory))}
+        # "claims": the segments this process still holds the right to free (the failed one's
+        # claim, taken when its file was opened, must be given up with it).
+        return {"errno": error.errno, "message": str(error), "left": sorted(os.listdir(directory)),
+                "claims": len(cpprb_ray._ownership._live)}
     rb.close()
     return {"errno": None}
 
@@ -153,6 +156,7 @@ def test_too_big_for_dev_shm_fails_at_creation(private_mounts, backend):
 
     too_big = report["too_big"]
     assert too_big["errno"] == 28 and too_big["left"] == []      # ENOSPC; nothing left behind
+    assert too_big["claims"] == 0
     message = too_big["message"]
     total = cpprb_ray._layout.plan(
         2**17, cpprb_ray._layout.parse_env_dict({"obs": {"shape": 1024, "dtype": "uint8"},
@@ -162,6 +166,7 @@ def test_too_big_for_dev_shm_fails_at_creation(private_mounts, backend):
     assert "--shm-size" in message and "path=" in message, message
 
     assert report["huge"]["errno"] == 28 and report["huge"]["left"] == []
+    assert report["huge"]["claims"] == 0
     assert "/dev/shm has 64.0 MiB free" in report["huge"]["message"]
 
     # A 17 MiB buffer on a full tmpfs: cleared empty, filled and sampled without a fault.
