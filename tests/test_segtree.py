@@ -422,12 +422,13 @@ def test_no_drift_after_a_million_updates():
     assert fresh.total() == total and fresh.min() == tree.min()
 
 
-@pytest.mark.parametrize("capacity", [2**20, 2**17 + 5])
+@pytest.mark.parametrize("capacity", [2**20, 2**17 + 5, 8 * 4096, 8 * 4096 + 1])
 def test_every_node_is_what_a_rebuild_makes_after_random_batches(capacity):
-    """The refresh recomputes a min only as far up as it changed, and lists each node once per
-    level. Whatever the batch (sorted, as a sample gives them; shuffled; runs of one index;
-    more than one chunk of 1024), every node, on the wide levels too (2**20 has two), must be
-    bit for bit what a rebuild from the leaves makes."""
+    """The refresh walks the batch on the wide levels and a bitmap of nodes on the narrow ones.
+    Whatever the batch (sorted, as a sample gives them; shuffled; runs of one index; 1 to 3000
+    indexes), every node, on the wide levels too (2**20 has two), must be bit for bit what a
+    rebuild from the leaves makes. 8 * 4096 leaves: level 1 is the widest level marked in a
+    bitmap (4096 nodes); one more leaf makes it a wide one."""
     memory = bytearray(SegmentTree.nbytes(capacity))
     tree = SegmentTree(memory, capacity)
     # A cleared tree's inner sums are +0.0 where a rebuild writes the -0.0 sum of unset leaves
