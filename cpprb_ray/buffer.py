@@ -185,8 +185,8 @@ class ReplayBuffer:
                 row_stride=layout.row_stride, created_ns=time.time_ns(),
                 limiter=None if limiter is None else limiter.record())
             claimed[0].created()
-            self._bind(segment, layout, owner=True, seed=seed, lock_timeout=lock_timeout,
-                       ownership=claimed[0])
+            self._bind(segment, layout, ownership=claimed[0], seed=seed,
+                       lock_timeout=lock_timeout)
         except BaseException:
             store = getattr(self, "_store", None)
             if store is not None:
@@ -196,9 +196,10 @@ class ReplayBuffer:
             _memory.unlink(segment.backend, segment.location)
             raise
 
-    def _bind(self, segment: _memory.Segment, layout: _layout.Layout, *, owner: bool,
-              seed: Optional[int], lock_timeout: float = 60.0, store: Any = None,
-              ownership: Optional[Ownership] = None) -> None:
+    def _bind(self, segment: _memory.Segment, layout: _layout.Layout, *,
+              ownership: Optional[Ownership], seed: Optional[int], lock_timeout: float = 60.0,
+              store: Any = None) -> None:
+        # `ownership`: the owner's (claimed when the file was made), None for a view.
         # First, before anything that must be released: a broken N-step record refuses the
         # segment. The staging is this handle's own and starts empty.
         lane_config = frames.LaneConfig.from_meta(layout.meta, layout.columns, segment.location)
@@ -229,18 +230,15 @@ class ReplayBuffer:
             self._lanes = frames.LaneWriter(self._store, lane_config, layout.columns,
                                            layout.capacity)
         self._plain_flags()
-        self._owner = owner
+        self._owner = ownership is not None
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
         self._pickled_for_ray = False   # an owner's close then ends the buffer's proxy actor
-        if not owner and store is None:
+        if ownership is None and store is None:
             self._check_lock_holder(segment.location)
-        # `ownership` (an owner's, claimed when the file was made) frees only in this process,
-        # and only the segment with this layout's token (see _ownership for every way out of a
-        # process that frees it).
-        if owner and ownership is None:
-            raise ValueError("an owner's _bind needs its ownership")
-        self._ownership = ownership = ownership if owner else None
+        # The ownership frees only in this process, and only the segment with this layout's
+        # token (see _ownership for every way out of a process that frees it).
+        self._ownership = ownership
         self._finalizer = weakref.finalize(self, ownership.free) if ownership is not None else None
         if store is None:
             # Every sample reads the tree's lower levels and the rows at random places: in
@@ -1209,7 +1207,7 @@ def _open_view(cls: Type[ReplayBuffer], backend: str, location: str,
             raise ValueError(f"{location!r} is a {kind} buffer; attach it with "
                              f"cpprb_ray.attach()")
         handle = target.__new__(target)
-        handle._bind(segment, layout, owner=False, seed=seed, lock_timeout=lock_timeout)
+        handle._bind(segment, layout, ownership=None, seed=seed, lock_timeout=lock_timeout)
         return handle
     except BaseException:
         segment.close()

@@ -171,7 +171,8 @@ def client(cls: Type[Any], backend: str, location: str, token: Optional[str],
                          f" buffer; it cannot be unpickled as {cls.__name__}")
     store = _client.RemoteStore(backend, location, token, state, layout.columns)
     handle = target.__new__(target)
-    handle._bind(RemoteSegment(backend, location), layout, owner=False, seed=None, store=store)
+    handle._bind(RemoteSegment(backend, location), layout, ownership=None, seed=None,
+                 store=store)
     # Sends the queue when the handle is collected; close() detaches it after sending.
     handle._finalizer = weakref.finalize(handle, store.release)
     handle._finalizer.atexit = False   # the exit is _release_all_at_exit's, bounded
