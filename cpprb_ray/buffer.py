@@ -192,8 +192,9 @@ class ReplayBuffer:
             if store is not None:
                 store.release()
             segment.close()
+            # By identity before the token is written, by token after: never a file that took
+            # the name since (an unlink by name alone would remove it).
             claimed[0].free()
-            _memory.unlink(segment.backend, segment.location)
             raise
 
     def _bind(self, segment: _memory.Segment, layout: _layout.Layout, *,

@@ -146,3 +146,18 @@ def test_owner_frees_only_its_own_segment(backend, ending):
         theirs.communicate("\n", timeout=60)
     assert theirs.returncode == 0
     assert not os.path.exists(file_of(backend, location))      # freed by its own owner
+
+
+def test_a_constructor_that_fails_after_creating_frees_the_segment_and_its_claim(backend):
+    """lock_timeout is refused only once the segment exists and its header is written (the
+    store checks it when it binds): the constructor frees the file through the claim it took at
+    open, and keeps no claim."""
+    from cpprb_ray import _ownership
+
+    name = fresh_name("failed")
+    claims = len(_ownership._live)
+    with pytest.raises(ValueError, match="lock_timeout"):
+        cpprb_ray.PrioritizedReplayBuffer(64, {"obs": {}}, backend=backend, name=name,
+                                          lock_timeout=-1.0)
+    assert not os.path.exists(os.path.join("/dev/shm", name))
+    assert len(_ownership._live) == claims
