@@ -122,7 +122,10 @@ docs: venv .venv/.docs
 DEBUG_SRC := .venv-debug/src
 
 # $(call copy_worktree,DIR): a fresh copy of the working tree (tracked plus untracked, not ignored
-# files) in DIR, so that no debug or sanitizer .so can ever land in the main checkout.
+# files) in DIR, so that no debug or sanitizer .so can ever land in the main checkout. Build output
+# is then removed from the copy whatever git made of the tree: one CI run's copy held the in-place
+# release .so files and build/ (how, its log does not show), setuptools found them up to date and
+# compiled nothing, and only the libasan check below stopped a release build passing as checked.
 define copy_worktree
 	rm -rf $(1) && mkdir -p $(1)
 	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
@@ -133,6 +136,7 @@ define copy_worktree
 	    tar --exclude='./.venv*' --exclude=./build --exclude=./dist --exclude='*.so' \
 	        --exclude='*.c' --exclude=./.git -cf - . | tar -xf - -C $(1); \
 	fi
+	cd $(1) && rm -rf build dist ./*.egg-info && find . -type f \( -name '*.so' -o -name '*.c' \) -delete
 endef
 # Everything that drives the extensions in this process: the tree, the mutex, the store (through
 # the buffer), bad input, the defects, and the docstring examples.
