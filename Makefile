@@ -125,7 +125,7 @@ DEBUG_SRC := .venv-debug/src
 # files) in DIR, so that no debug or sanitizer .so can ever land in the main checkout. Build output
 # is then removed from the copy whatever git made of the tree: one CI run's copy held the in-place
 # release .so files and build/ (how, its log does not show), setuptools found them up to date and
-# compiled nothing, and only the libasan check below stopped a release build passing as checked.
+# compiled nothing, and only the ASan check of test-asan stopped a release build passing as checked.
 define copy_worktree
 	rm -rf $(1) && mkdir -p $(1)
 	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
@@ -200,8 +200,12 @@ test-asan: .venv-asan/.deps
 	$(call copy_worktree,$(ASAN_SRC))
 	cd $(ASAN_SRC) && CPPRB_RAY_OPT=1 CFLAGS="$(ASAN_CFLAGS)" LDFLAGS="-fsanitize=address,undefined" \
 	    ../bin/python -m pip install $(PIP_FLAGS) --no-build-isolation --no-deps -e .
+	@# Instrumented, whether or not linked against libasan (it is preloaded for the run anyway):
+	@# a stale release .so has no __asan_report_* calls, whatever its links.
 	@cd $(ASAN_SRC) && for so in cpprb_ray/_*.so; do \
-	    ldd "$$so" | grep -q libasan || { echo "error: $$so is not built with ASan" >&2; exit 1; }; \
+	    nm -D --undefined-only "$$so" | grep -q __asan_report_ || { \
+	        echo "error: $$so is not instrumented by ASan (no __asan_report_* calls); ldd:" >&2; \
+	        ldd "$$so" >&2; ls -l --time-style=full-iso cpprb_ray/_*.so build >&2; exit 1; }; \
 	    done
 	@cd $(ASAN_SRC) && logs="$$(mktemp -d)" && echo "== sanitizer logs in $$logs" && \
 	    status=0 && \
