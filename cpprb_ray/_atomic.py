@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from typing import Any, List, Optional, Sequence
+import threading
+from typing import Any, List, Optional, Sequence, Set
 
 __all__ = ["remove_stale_temporaries", "write_atomically"]
 
@@ -18,6 +19,12 @@ _TEMPORARY_SUFFIX = ".tmp"
 # Write through an unnamed O_TMPFILE where the filesystem has it (tests turn it off to exercise
 # the named temporary that other filesystems get).
 _ANONYMOUS_TEMPORARY = True
+# The temporaries this process is writing now. Any other of its own is stale: a Python
+# exception from a signal handler (KeyboardInterrupt, SystemExit on SIGTERM) can land between
+# any two steps of a save, even inside its cleanup, and a process that lives on would keep such
+# a name for good, were only dead processes' temporaries removed.
+_WRITING: Set[str] = set()
+_WRITING_LOCK = threading.Lock()
 
 
 def _temporary_prefix(base: str) -> str:
@@ -49,12 +56,22 @@ def write_atomically(file: str, chunks: Sequence[Any]) -> None:
     remove_stale_temporaries(file)
     temporary = os.path.join(directory, f"{_temporary_prefix(base)}{socket.gethostname()}."
                                         f"{os.getpid()}.{secrets.token_hex(4)}{_TEMPORARY_SUFFIX}")
+    with _WRITING_LOCK:
+        _WRITING.add(temporary)
     fd = _open_anonymous(directory)
     anonymous = fd is not None
-    if fd is None:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    named = not anonymous
+    # `named` is set before each step that can give the temporary its name, never after: an
+    # exception raised by a signal handler (SystemExit on SIGTERM, KeyboardInterrupt) between
+    # the step and the assignment would otherwise leave the name behind in a live process.
+    named = False
     try:
+        if fd is None:
+            named = True
+            try:
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except OSError:
+                named = False     # not created (EEXIST: another's file, left alone)
+                raise
         for chunk in chunks:
             view = memoryview(chunk).cast("B")
             while len(view):
@@ -63,17 +80,25 @@ def write_atomically(file: str, chunks: Sequence[Any]) -> None:
         if anonymous:
             # The data are durable before the file gets a name; only a death in the next
             # microseconds (between link and rename) can leave the temporary name behind.
-            _name_anonymous(fd, temporary)
             named = True
+            try:
+                _name_anonymous(fd, temporary)
+            except OSError:
+                named = False     # not linked (EEXIST: another's file, left alone)
+                raise
         os.replace(temporary, file)
         named = False
     finally:
-        os.close(fd)
+        # Forgotten first, so that whatever is interrupted after it, the next save removes it.
+        with _WRITING_LOCK:
+            _WRITING.discard(temporary)
         if named:
             try:
                 os.unlink(temporary)
             except OSError:
                 pass
+        if fd is not None:
+            os.close(fd)
     _fsync_directory(directory)
 
 
@@ -113,9 +138,10 @@ def remove_stale_temporaries(file: Any) -> List[str]:
     """Remove the temporary files that saves to `file` left when they were killed; returns them.
 
     A save's temporary is ``.<name>.<host>.<pid>.<random>.tmp`` beside `file`; one is stale when
-    it was made on this host by a process that no longer exists. Every save does this first, so
-    at most the temporaries of saves killed since the last save remain. Those of live processes
-    (a save in progress) and of other hosts are kept.
+    it was made on this host by a process that no longer exists, or by this process and no save
+    of it is writing it now (one that an exception from a signal handler interrupted). Every save
+    does this first, so at most the temporaries of saves killed since the last save remain.
+    Those of other live processes (a save in progress) and of other hosts are kept.
 
     Examples
     --------
@@ -144,9 +170,13 @@ def remove_stale_temporaries(file: Any) -> List[str]:
         parts = name[len(prefix):-len(_TEMPORARY_SUFFIX)].rsplit(".", 2)
         if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
             continue
-        if _process_exists(int(parts[1])):
-            continue
         path = os.path.join(directory, name)
+        if int(parts[1]) == os.getpid():
+            with _WRITING_LOCK:
+                if path in _WRITING:
+                    continue          # a save of this process (another thread's) writes it
+        elif _process_exists(int(parts[1])):
+            continue
         try:
             os.unlink(path)
             removed.append(path)

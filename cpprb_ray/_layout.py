@@ -19,6 +19,10 @@ LINE = 64              # the tree starts on a cache line; records never straddle
 GENERATION_BYTES = 8   # every record starts with its slot's uint64 generation
 LANED_RECORD_START = 16  # ... and in a laned buffer its int32 link (_core.link_of), padded
 LANE_BYTES = 64        # one lane's record in the lane table (_core.pxd's Lane)
+MAX_SEGMENT_BYTES = 2**63 - 1   # the most a file offset (off_t) addresses
+# Past this many slots the tree alone (more than 16 bytes a slot) outgrows MAX_SEGMENT_BYTES, and
+# its int64 size arithmetic (_store.tree_nbytes) would wrap.
+_MAX_CAPACITY = 2**59
 # sample()'s extra outputs, and add()'s own keyword arguments (a column named "self" or
 # "timeout" could never be passed to add).
 RESERVED_KEYS = ("indexes", "weights", "generations", "priorities", "self", "timeout")
@@ -129,6 +133,8 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
     `lanes` (cpprb_ray.frames' config of a laned buffer, with "count" lanes): each record gets
     a link after its generation, and the lane table follows the tree; its offset is added to
     the config, which goes into the meta as "lanes"."""
+    if capacity > _MAX_CAPACITY:
+        raise _too_large(capacity)
     # token: this segment's identity (a name can be removed and made again by somebody else);
     # owner_pidns and boot_id: where owner_pid means anything (see _orphans).
     meta = {"backend": backend, "owner_pid": os.getpid(), "owner_parent_pid": os.getppid(),
@@ -166,8 +172,15 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
     if lanes is not None and lane_meta["offset"] != _align(tree_end, LINE):
         raise AssertionError("lane table offset did not settle")  # pragma: no cover
     total_size = _align(_align(tree_end, LINE) + lane_bytes, DATA_ALIGN)
+    if total_size > MAX_SEGMENT_BYTES:
+        raise _too_large(capacity)
     return Layout(capacity, prioritized, columns, meta, data_offset, row_stride, tree_offset,
                   total_size)
+
+
+def _too_large(capacity: int) -> ValueError:
+    return ValueError(f"size {capacity} makes a segment of more than 2**63 - 1 bytes, the most "
+                      f"a file holds; make size smaller")
 
 
 def corrupt(location: str, why: str) -> ValueError:

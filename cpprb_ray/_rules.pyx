@@ -66,8 +66,8 @@ cpdef double as_timeout(object value, str name="timeout") except? -2.0:
     Examples
     --------
     >>> from cpprb_ray._rules import as_timeout
-    >>> as_timeout(None), as_timeout(0), as_timeout(2.5)
-    (-1.0, 0.0, 2.5)
+    >>> as_timeout(None), as_timeout(0), as_timeout(2.5), as_timeout(10**400)
+    (-1.0, 0.0, 2.5, -1.0)
     >>> as_timeout(-1)
     Traceback (most recent call last):
     ...
@@ -79,7 +79,10 @@ cpdef double as_timeout(object value, str name="timeout") except? -2.0:
             value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be None or a number of seconds; got "
                         f"{type(value).__name__}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:   # an int past any float: as long as it takes, or refused
+        seconds = INFINITY if value > 0 else -INFINITY
     if not seconds >= 0.0:
         raise ValueError(f"{name} must be None or a number of seconds >= 0; got {value}")
     return -1.0 if seconds == INFINITY else seconds

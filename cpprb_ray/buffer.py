@@ -723,6 +723,8 @@ class ReplayBuffer:
         """
         if self._nstep is not None:
             self._nstep.flush(self, timeout)
+        else:
+            _rules.as_timeout(timeout)   # refused alike, with nothing to commit
 
     def get_all_transitions(self, shuffle: bool = False) -> Dict[str, np.ndarray]:
         """Copies of every stored row, in slot order (rows torn by a crashed writer left out).
@@ -777,6 +779,7 @@ class ReplayBuffer:
         """
         if not isinstance(safe, (bool, np.bool_)):
             raise TypeError(f"safe must be a bool; got {type(safe).__name__}")
+        file = checkpoint.transitions_target(file)
         _compat.save_transitions(self.get_all_transitions(), file, nstep=self._nstep is not None)
 
     def load_transitions(self, file: Any, *, timeout: Optional[float] = None) -> None:
@@ -801,7 +804,7 @@ class ReplayBuffer:
         ...         print(rb.get_stored_size(), rb.get_all_transitions()["act"].ravel())
         4 [1 2 1 2]
         """
-        transitions, saved_nstep = _compat.read_transitions(file)
+        transitions, saved_nstep = checkpoint.read_transitions(file)
         if saved_nstep != (self._nstep is not None):
             raise ValueError(f"{file!r} holds {'N-step' if saved_nstep else 'plain'} "
                              f"transitions; this buffer {'has' if self._nstep else 'has no'} "

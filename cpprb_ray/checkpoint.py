@@ -17,15 +17,18 @@ against this version's rules, and only then makes a new buffer and restores the 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import struct
+import zipfile
 import zlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
-from cpprb_ray import _layout, _rules, nstep, rate_limiters
+from cpprb_ray import _compat, _layout, _rules, _store, nstep, rate_limiters
 from cpprb_ray._atomic import remove_stale_temporaries, write_atomically
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "remove_stale_temporaries", "save",
@@ -53,6 +56,70 @@ def _crc32(data: Any, crc: int = 0) -> int:
 def refused(file: Any, why: str) -> ValueError:
     """The error a load raises for a file it will not restore: names the file and the reason."""
     return ValueError(f"{os.fspath(file)!r} is not a loadable cpprb_ray checkpoint: {why}")
+
+
+# Errors that a crafted description (valid checksums, hostile contents) can raise while it is
+# read; each becomes a refusal naming the file.
+_DESCRIPTION_ERRORS = (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError,
+                       OverflowError, RecursionError)
+
+_FILE_TYPES = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+               (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+
+
+def _kind_of(mode: int) -> str:
+    return next((name for test, name in _FILE_TYPES if test(mode)), "special file")
+
+
+def path_of(file: Any, what: str = "a path (str, bytes or os.PathLike)") -> str:
+    """`file` as a str path; TypeError naming the argument for anything else (an int is never
+    taken as a file descriptor: open() would read it and close it)."""
+    if not isinstance(file, (str, bytes, os.PathLike)):
+        raise TypeError(f"file must be {what}; got {type(file).__name__}")
+    return os.fsdecode(os.fspath(file))
+
+
+def check_target(path: str) -> None:
+    """Refuse to replace what is at `path` unless it is a regular file (or nothing, or a
+    symbolic link, which the rename replaces and never follows): a save must not turn a FIFO,
+    a device node or a live buffer's segment into a checkpoint. IsADirectoryError for a
+    directory, ValueError naming the file otherwise."""
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return      # nothing there (or unreachable: the write reports that)
+    if stat.S_ISDIR(status.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if stat.S_ISLNK(status.st_mode):
+        return
+    if not stat.S_ISREG(status.st_mode):
+        raise ValueError(f"file {path!r} is a {_kind_of(status.st_mode)}, not a regular file: "
+                         f"a save replaces a regular file only")
+    try:
+        with open(path, "rb", buffering=0) as handle:
+            head = handle.read(len(_store.MAGIC))
+    except OSError:
+        return
+    if head == _store.MAGIC:
+        raise ValueError(f"file {path!r} is a cpprb_ray buffer's segment, not a checkpoint: "
+                         f"saving there would take its name from the buffer; save elsewhere")
+
+
+def _open_regular(file: Any, path: str) -> Any:
+    """`path` opened for reading, without blocking on a FIFO; IsADirectoryError for a
+    directory, a refusal for anything else that is not a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(mode):
+            raise refused(file, f"it is a {_kind_of(mode)}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 # -- the file format ------------------------------------------------------------------------------
@@ -101,7 +168,7 @@ def write_file(file: Any, description: Mapping[str, Any],
     head = _PREFIX.pack(MAGIC, FORMAT_VERSION, _PREFIX.size, len(text), payload_length,
                         zlib.crc32(text), payload_crc, bytes(20), 0)[:-4]
     prefix = head + struct.pack("<I", zlib.crc32(head))
-    write_atomically(os.fspath(file), [prefix, text] + chunks)
+    write_atomically(path_of(file), [prefix, text] + chunks)
 
 
 def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
@@ -126,7 +193,7 @@ def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
     ...
     ValueError: '...state.ckpt' is not a loadable cpprb_ray checkpoint: the payload's checksum ...
     """
-    with open(file, "rb", buffering=0) as handle:
+    with _open_regular(file, path_of(file)) as handle:
         size = os.fstat(handle.fileno()).st_size
         prefix = _read_exactly(handle, min(size, _PREFIX.size))
         if len(prefix) < _PREFIX.size:
@@ -139,7 +206,11 @@ def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
         if magic != MAGIC:
             raise refused(file, "it does not start with the checkpoint magic b'CPPRBCKP'")
         if zlib.crc32(prefix[:-4]) != prefix_crc:
-            raise refused(file, "the prefix's checksum does not match (corrupt prefix)")
+            # A later version may lay the rest of its prefix out differently: name it too.
+            raise refused(file, "the prefix's checksum does not match (corrupt prefix" + (
+                "" if version == FORMAT_VERSION else
+                f", or the prefix of format version {version}, which this cpprb_ray cannot "
+                f"read: it reads version {FORMAT_VERSION}") + ")")
         if version != FORMAT_VERSION:
             raise refused(file, f"format version {version}; this cpprb_ray reads version "
                                 f"{FORMAT_VERSION}")
@@ -164,11 +235,11 @@ def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
         description = json.loads(text.decode())
         sections = {}
         for name, (offset, length) in description["sections"].items():
-            offset, length = int(offset), int(length)
+            offset, length = _integer(offset, "offset"), _integer(length, "length")
             if offset < 0 or length < 0 or offset + length > payload_length:
                 raise ValueError(f"section {name!r} lies outside the payload")
             sections[str(name)] = payload.data[offset:offset + length]
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+    except _DESCRIPTION_ERRORS as error:
         raise refused(file, f"unreadable description ({error})") from None
     if not isinstance(description, dict):
         raise refused(file, "the description is not a JSON object")
@@ -210,6 +281,8 @@ def save(buffer: Any, file: Any) -> None:
     >>> description["kind"], description["state"]["stored_size"]
     ('uniform', 2)
     """
+    path = path_of(file)
+    check_target(path)
     layout = buffer._layout
     features = {key: value for key, value in layout.meta.items()
                 if key not in _layout.IDENTITY_META}
@@ -240,7 +313,7 @@ def save(buffer: Any, file: Any) -> None:
             for key in ("kind", "samples_per_insert", "min_size_to_sample", "min_diff",
                         "max_diff", "inserts", "samples")},
     }
-    write_file(file, description, [("rows", rows), ("tail_generations", tail),
+    write_file(path, description, [("rows", rows), ("tail_generations", tail),
                                    ("leaves", leaves)])
 
 
@@ -252,7 +325,7 @@ class _Checkpoint:
         description, sections = read_file(file)
         try:
             self._parse(description, sections)
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
+        except _DESCRIPTION_ERRORS as error:
             raise refused(file, f"its contents are inconsistent ({error})") from None
 
     def _parse(self, description: Dict[str, Any], sections: Dict[str, memoryview]) -> None:
@@ -263,8 +336,8 @@ class _Checkpoint:
         self.capacity = _integer(description["capacity"], "capacity")
         if self.capacity < 1:
             raise ValueError(f"capacity {self.capacity}")
-        self.alpha = float(description["alpha"])
-        self.eps = float(description["eps"])
+        self.alpha = _real(description["alpha"], "alpha")
+        self.eps = _real(description["eps"], "eps")
         if not (0.0 <= self.alpha < float("inf") and 0.0 <= self.eps < float("inf")):
             raise ValueError(f"alpha {self.alpha}, eps {self.eps}")
         self.env_dict = {str(name): {"shape": tuple(spec["shape"]), "dtype": str(spec["dtype"])}
@@ -272,16 +345,23 @@ class _Checkpoint:
         self.nstep = description["nstep"]
         # The same rules as the constructor's, so that a crafted description is refused here,
         # naming the file, and not by the constructor.
-        columns, _ = nstep.plan_columns(_layout.parse_env_dict(self.env_dict), self.nstep)
+        columns, config = nstep.plan_columns(_layout.parse_env_dict(self.env_dict), self.nstep)
         self.columns = description["columns"]
         if [column["name"] for column in self.columns] != [c.name for c in columns]:
             raise ValueError("its columns are not those of its env_dict")
         self.row_stride = _integer(description["row_stride"], "row_stride")
+        # The layout the constructor will make (computed, nothing allocated): a file laid out
+        # otherwise is refused before a buffer of its capacity is made.
+        planned = _layout.plan(self.capacity, columns, self.prioritized, "shm",
+                               extra_meta=nstep.meta_of(config))
+        self.layout_fits = self.matches(planned)
         state = description["state"]
         self.stored_size = _integer(state["stored_size"], "stored_size")
         self.next_index = _integer(state["next_index"], "next_index")
-        self.max_priority = float(state["max_priority"])
+        self.max_priority = _real(state["max_priority"], "max_priority")
         self.rows_added = _integer(state["rows_added"], "rows_added")
+        if not 0 <= self.rows_added < 2**64:
+            raise ValueError(f"rows added {self.rows_added}, not a uint64")
         if not 0 <= self.stored_size <= self.capacity:
             raise ValueError(f"stored size {self.stored_size} of {self.capacity} slots")
         if not 0 <= self.next_index < self.capacity or (
@@ -290,6 +370,9 @@ class _Checkpoint:
                              f"{self.capacity} slots stored")
         if not 0.0 <= self.max_priority < float("inf"):
             raise ValueError(f"max priority {self.max_priority}")
+        if self.prioritized:   # the next add's default priority: its weight must fit the tree
+            _rules.check_priorities(np.array([self.max_priority]), self.alpha, self.eps,
+                                    self.capacity, "max_priority")
         missing = [name for name in _SECTIONS if name not in sections]
         if missing:
             raise ValueError(f"sections {missing} missing")
@@ -365,6 +448,12 @@ def _integer(value: Any, name: str) -> int:
     return value
 
 
+def _real(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number; got {value!r}")
+    return float(value)
+
+
 def _array(view: memoryview, dtype: Any, name: str) -> np.ndarray:
     if len(view) % np.dtype(dtype).itemsize:
         raise ValueError(f"section {name!r} is {len(view)} bytes, not whole {np.dtype(dtype)}")
@@ -395,6 +484,9 @@ def load(cls: Type[Any], file: Any, *, backend: str = "auto", name: Optional[str
                             f"buffer; load it with "
                             f"{'PrioritizedReplayBuffer' if saved.prioritized else 'ReplayBuffer'}"
                             f".load()")
+    if not saved.layout_fits:
+        raise refused(file, "its row layout differs from the one this cpprb_ray makes for "
+                            "its env_dict (written by another version)")
     options: Dict[str, Any] = {"alpha": saved.alpha, "eps": saved.eps} if saved.prioritized else {}
     buffer = target(saved.capacity, saved.env_dict, backend=backend, name=name, path=path,
                     seed=seed, lock_timeout=lock_timeout, Nstep=saved.nstep,
@@ -409,3 +501,61 @@ def load(cls: Type[Any], file: Any, *, backend: str = "auto", name: Optional[str
         buffer.close()
         raise
     return buffer
+
+
+# -- cpprb's transitions files (ReplayBuffer.save_transitions / load_transitions) -----------------
+
+_TRANSITIONS_FILE = "a path (str, bytes or os.PathLike) or a binary file object"
+# What zipfile, zlib and numpy raise on damaged bytes (a member whose header says "encrypted" or
+# an unknown compression: RuntimeError, NotImplementedError; a bad offset: OSError from a seek; a
+# cut stream: EOFError, struct.error). The unpickler's refusal of a crafted pickle (one that
+# names anything but numpy's array reconstruction) stays the pickle.UnpicklingError it is.
+_DAMAGED_TRANSITIONS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError,
+                        RuntimeError, OSError, struct.error, KeyError, IndexError, TypeError,
+                        AttributeError, OverflowError, RecursionError)
+
+
+def _regular_or_absent(path: str) -> None:
+    """ValueError naming the file when `path` is a FIFO, a device or a socket: opening one
+    would block (a FIFO) or read and write what is not a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return     # nothing there, or unreachable: open() reports it
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ValueError(f"file {path!r} is a {_kind_of(mode)}, not a regular file")
+
+
+def transitions_target(file: Any) -> Any:
+    """`file` for save_transitions: a binary file object as it is, a path as a str (the file
+    np.savez writes, ".npz" appended as cpprb's does, must not be a FIFO or a device)."""
+    if hasattr(file, "write") and not isinstance(file, (str, bytes, os.PathLike)):
+        return file
+    path = path_of(file, _TRANSITIONS_FILE)
+    _regular_or_absent(path if path.endswith(".npz") else path + ".npz")
+    return path
+
+
+def read_transitions(file: Any) -> Tuple[Dict[str, np.ndarray], bool]:
+    """:func:`cpprb_ray._compat.read_transitions`, with every way a hostile or damaged file
+    can fail it (a cut, a flipped byte: zipfile's, zlib's, the unpickler's errors) turned into
+    a ValueError naming the file. A file that cannot be opened gives open()'s OSError."""
+    if not (hasattr(file, "read") and hasattr(file, "seek")):
+        path = path_of(file, _TRANSITIONS_FILE)
+        _regular_or_absent(path)
+        with open(path, "rb") as handle:   # OSError of open() as it is
+            return _read_transitions(handle, file)
+    return _read_transitions(file, file)
+
+
+def _read_transitions(handle: Any, file: Any) -> Tuple[Dict[str, np.ndarray], bool]:
+    try:
+        return _compat.read_transitions(handle)
+    except ValueError as error:   # already says why; name the file as the user gave it
+        why = str(error)
+        prefix = repr(handle)
+        raise ValueError(f"{file!r}{why[len(prefix):]}" if why.startswith(prefix)
+                         else f"{file!r} is not a loadable transitions file: {why}") from None
+    except _DAMAGED_TRANSITIONS as error:
+        raise ValueError(f"{file!r} is not a loadable transitions file: it is corrupt or cut "
+                         f"short ({type(error).__name__}: {error})") from None

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -68,8 +69,16 @@ _SLOT = " slot"           # (laned) staging arrays: each staged step's row, as w
 _GENERATION = " generation"   # space keeps them apart from any env_dict key
 
 
+# Every staging, so that a forked child can give each a new lock: a thread of the parent that
+# held one at the fork (an add the rate limiter held back) does not exist in the child, and its
+# lock would stay held for good.
+_STAGINGS: weakref.WeakSet[NstepStaging] = weakref.WeakSet()
+
+
 def _count_fork() -> None:
     _FORKS[0] += 1
+    for staging in list(_STAGINGS):
+        staging._lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -158,9 +167,14 @@ class NstepConfig:
         if isinstance(gamma, (bool, np.bool_)) or not isinstance(
                 gamma, (int, float, np.integer, np.floating)):
             raise TypeError(f"Nstep['gamma'] must be a real number; got {type(gamma).__name__}")
-        if not 0.0 <= float(gamma) <= 1.0:
-            raise ValueError(f"Nstep['gamma'] must be in [0, 1]; got {gamma}")
-        config = cls(int(size), float(gamma), _keys(spec, "rew"), _keys(spec, "next"))
+        try:
+            discount = float(gamma)
+        except OverflowError:   # an int beyond any float
+            discount = math.inf
+        if not 0.0 <= discount <= 1.0:
+            shown = str(gamma) if len(str(gamma)) <= 24 else str(gamma)[:24] + "..."
+            raise ValueError(f"Nstep['gamma'] must be in [0, 1]; got {shown}")
+        config = cls(int(size), discount, _keys(spec, "rew"), _keys(spec, "next"))
         config.check(columns)
         return config
 
@@ -401,6 +415,11 @@ class NstepStaging:
                                    if c.name in config.rew)
         self._castable: Dict[Tuple[str, np.dtype], bool] = {}
         self._lock = threading.Lock()
+        # clear() asks (_clears moves) and the next holder of the lock drops the staged steps
+        # (_cleared catches up): a clear never waits for an add that the rate limiter holds
+        # back in another thread (close() clears after such an add kept the lock from it).
+        self._clears = self._cleared = 0
+        _STAGINGS.add(self)
         # Room for single steps: compaction (moving the < n staged steps to the front) comes
         # once every `base - n` steps. Batches grow it; past _LARGE steps the next commit
         # shrinks it back, so that one huge batch does not keep a huge staging.
@@ -457,14 +476,34 @@ class NstepStaging:
         ...     print(rb._nstep.staged, rb.get_stored_size())
         2 0
         """
-        self._forget_inherited()
+        if self._fork_epoch != _FORKS[0] or self._cleared != self._clears:
+            return 0
         return self._tail - self._head
 
-    def _forget_inherited(self) -> None:
+    def _sync(self) -> None:
+        """Under the lock: forget inherited steps and apply the clears asked for since."""
         # A forked child inherits a copy of the parent's staged steps; they belong to the
         # parent's stream, which commits them itself, so the child starts empty.
         if self._fork_epoch != _FORKS[0]:
             self._allocate(self._base_capacity)
+        if self._cleared != self._clears:
+            self._cleared = self._clears
+            self._head = self._tail = 0
+
+    def _acquire(self, timeout: Optional[float], what: str) -> None:
+        """Take the staging's lock, waiting at most `timeout` (None: as long as it takes) for
+        another thread's call on this handle (an add the rate limiter holds back keeps it);
+        TimeoutError, with nothing changed, when it is not free by then."""
+        if self._lock.acquire(False):
+            return
+        seconds = _rules.as_timeout(timeout)   # -1.0: no limit
+        if seconds > threading.TIMEOUT_MAX:
+            seconds = -1.0
+        if self._lock.acquire(True, seconds):
+            return
+        raise TimeoutError(f"{what}: another thread's call on this handle held its N-step "
+                           f"staging for {seconds:g} s (timeout={timeout!r}), e.g. an add the "
+                           f"rate limiter holds back; nothing was staged or committed")
 
     def _reserve(self, count: int) -> None:
         """Make room for `count` more steps after the staged ones (moving those to the front)."""
@@ -505,20 +544,22 @@ class NstepStaging:
         """
         if sink.closed:
             raise ValueError("operation on a closed buffer")
-        with self._lock:
-            if self._fork_epoch != _FORKS[0]:
-                self._forget_inherited()
+        if timeout is not None:
+            _rules.as_timeout(timeout)   # refused even when nothing is committed
+        self._acquire(timeout, "add")
+        try:
+            if self._fork_epoch != _FORKS[0] or self._cleared != self._clears:
+                self._sync()
             if self._tail == self._capacity:
                 self._reserve(1)
             tail = self._tail
             if self._stage_one(values, tail):
-                count = 1
+                # Checked before the lane write: a bad priority must leave the lane unchanged.
+                priority = (np.nan if priorities is None
+                            else sink._step_priorities(priorities, 1)[0])
                 if self._laned:
                     self._write_steps(sink, tail, tail + 1, timeout)
-                if priorities is not None:
-                    self._priorities[tail] = sink._step_priorities(priorities, 1)[0]
-                else:
-                    self._priorities[tail] = np.nan
+                self._priorities[tail] = priority
                 if not self._scalars[DONE][tail]:
                     if tail + 1 - self._head < self._size:
                         self._tail = tail + 1
@@ -544,6 +585,8 @@ class NstepStaging:
             self._priorities[tail:new_tail] = np.nan if priorities is None else priorities
             ends = tail + np.flatnonzero(arrays[self._done_index].reshape(-1))
             return self._commit_ready(sink, ends, new_tail, timeout)
+        finally:
+            self._lock.release()
 
     def _write_steps(self, sink: Any, start: int, stop: int, timeout: Optional[float]) -> None:
         """(Laned) Put staged steps start..stop-1 into the lane as rows that wait for their
@@ -618,12 +661,17 @@ class NstepStaging:
         0 None
         [2. 2.] [2. 2.] [0.25 0.5 ]
         """
-        with self._lock:
-            self._forget_inherited()
+        if timeout is not None:
+            _rules.as_timeout(timeout)   # refused even when nothing is staged
+        self._acquire(timeout, "on_episode_end")
+        try:
+            self._sync()
             if self._tail == self._head:
                 return None
             return self._commit_ready(sink, np.array([self._tail - 1], dtype=np.int64),
                                       self._tail, timeout)
+        finally:
+            self._lock.release()
 
     def clear(self) -> None:
         """Drop the staged steps without committing them.
@@ -639,9 +687,14 @@ class NstepStaging:
         ...     print(rb._nstep.staged, rb._nstep.flush(rb))
         0 None
         """
-        with self._lock:
-            self._head = self._tail = 0
-            self._fork_epoch = _FORKS[0]
+        # Never waits: an add that the rate limiter holds back in another thread keeps the lock
+        # (close() clears then, and must not hang); it drops the steps when it lets go.
+        self._clears += 1
+        if self._lock.acquire(False):
+            try:
+                self._sync()
+            finally:
+                self._lock.release()
 
     def _commit_full_window(self, sink: Any, timeout: Optional[float]) -> int:
         """The common single-step case: the oldest staged step's window just filled (n steps,

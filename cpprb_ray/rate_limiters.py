@@ -34,12 +34,18 @@ _UNBOUNDED = sys.float_info.max
 
 # The kind numbers the segment records (cpprb_ray/_limiter.pxd, LimiterKind).
 _KINDS = {"MinSize": 1, "SampleToInsertRatio": 2}
+# The largest min_size_to_sample: no buffer holds more rows (the segment keeps it as 64 bits).
+_MAX_SIZE = 2**63 - 1
 
 
-def _real(value: Any, name: str) -> float:
+def _real(value: Any, name: str, expected: str = "a real number") -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
-    result = float(value)
+        raise TypeError(f"{name} must be {expected}; got {type(value).__name__}")
+    try:
+        result = float(value)
+    except OverflowError:   # an int or a Fraction beyond any float
+        raise ValueError(f"{name} must be a real number within the float range; got "
+                         f"{type(value).__name__} {str(value)[:24]}...") from None
     if result != result:
         raise ValueError(f"{name} must not be NaN")
     return result
@@ -48,9 +54,12 @@ def _real(value: Any, name: str) -> float:
 def _min_size(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"min_size_to_sample must be an int; got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"min_size_to_sample must be a positive integer; got {value}")
-    return int(value)
+    size = int(value)
+    if not 1 <= size <= _MAX_SIZE:
+        shown = str(size) if len(str(size)) <= 24 else str(size)[:24] + "..."
+        raise ValueError(f"min_size_to_sample must be a positive integer <= 2**63 - 1; got "
+                         f"{shown}")
+    return size
 
 
 class RateLimiter:
@@ -224,7 +233,7 @@ class SampleToInsertRatio(RateLimiter):
             min_diff = _real(error_buffer[0], "error_buffer[0] (min_diff)")
             max_diff = _real(error_buffer[1], "error_buffer[1] (max_diff)")
         else:
-            slack = _real(error_buffer, "error_buffer")
+            slack = _real(error_buffer, "error_buffer", "a number or a (min_diff, max_diff) pair")
             offset = ratio * least
             min_diff, max_diff = offset - slack, offset + slack
         if not max_diff - min_diff >= 2.0 * max(1.0, ratio):

@@ -40,3 +40,27 @@ def save_forever(conn, file: str, capacity: int, anonymous: bool, saves) -> None
         added += SAVE_BATCH
         rb.save(file)
         saves.value += 1
+
+
+def report(conn, target, *args) -> None:
+    """Send "ok", or the type and text of what `target(*args)` raised."""
+    try:
+        target(*args)
+        conn.send("ok")
+    except Exception as error:   # noqa: BLE001 - reported to the parent, which checks it
+        conn.send((type(error).__name__, str(error)))
+
+
+def load_checkpoint(file: str) -> None:
+    cpprb_ray.ReplayBuffer.load(file).close()
+
+
+def load_transitions(file: str) -> None:
+    with cpprb_ray.ReplayBuffer(8, ENV) as rb:
+        rb.load_transitions(file)
+
+
+def save_transitions(file: str) -> None:
+    with cpprb_ray.ReplayBuffer(8, ENV) as rb:
+        rb.add(**rows(0, 2))
+        rb.save_transitions(file)

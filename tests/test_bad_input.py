@@ -209,6 +209,12 @@ BAD_CONSTRUCTORS = {
     "size float": (dict(size=8.5), ValueError, "size"),
     "size bool": (dict(size=True), TypeError, "size"),
     "size str": (dict(size="8"), TypeError, "size"),
+    # More than a file holds: refused before anything is made (it was fallocate's
+    # OverflowError, naming nothing; 2**62 also wrapped the tree's int64 size).
+    "size past a file": (dict(size=1 << 62), ValueError, "size 4611686018427387904 makes a "
+                         r"segment of more than 2\*\*63 - 1 bytes"),
+    "size past a file, rows": (dict(size=1 << 55, env_dict={"obs": {"shape": 1024}}),
+                               ValueError, "size 36028797018963968 makes a segment"),
     "empty env_dict": (dict(env_dict={}), ValueError, "env_dict"),
     "env_dict not a dict": (dict(env_dict=[("obs", {})]), TypeError, "env_dict"),
     "alpha negative": (dict(alpha=-0.1), ValueError, "alpha"),

@@ -9,6 +9,9 @@
   always loads and holds one of the states saved, and no temporary file survives the next save.
 * Refusals: truncated files, a flipped byte anywhere, other format versions, the other kind, a
   foreign layout and crafted descriptions each give a ValueError naming the file.
+* Hostile arguments: an int is not taken as a file descriptor, a FIFO or a device is refused
+  without blocking, a save never replaces a FIFO or a live segment, and a damaged transitions
+  file gives a ValueError naming it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import re
+import signal
+import stat
 import struct
 import sys
 import time
@@ -25,7 +31,7 @@ import numpy as np
 import pytest
 
 import cpprb_ray
-from cpprb_ray import checkpoint
+from cpprb_ray import _atomic, checkpoint
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:  # forkserver children import the workers from the parent's path
@@ -318,6 +324,47 @@ def test_save_killed_at_any_moment_leaves_a_whole_checkpoint(temporary, tmp_path
     _kill_while_saving(tmp_path, temporary == "anonymous", kills=8)
 
 
+class _Interrupted(Exception):
+    """What the test's SIGALRM handler raises, as a KeyboardInterrupt or SystemExit would."""
+
+
+@pytest.mark.parametrize("temporary", ["anonymous", "named"])
+def test_saves_interrupted_by_a_signal_handler_leave_no_temporary_behind(temporary, tmp_path,
+                                                                         monkeypatch):
+    # An exception from a signal handler lands right after the system call it interrupted: after
+    # the temporary's open or link it left the name behind (about one interrupted save in 40),
+    # and in a process that lives on (a caught KeyboardInterrupt) no later save removed it, as
+    # saves removed dead processes' temporaries only.
+    monkeypatch.setattr(_atomic, "_ANONYMOUS_TEMPORARY", temporary == "anonymous")
+    file = str(tmp_path / "notes")
+    chunk = b"x" * 65536
+
+    def interrupt(signum, frame):
+        raise _Interrupted()
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    interrupted = 0
+    delays = random.Random(0)
+    try:
+        for _ in range(1500):
+            try:
+                signal.setitimer(signal.ITIMER_REAL, delays.uniform(1e-6, 400e-6))
+                try:
+                    _atomic.write_atomically(file, [chunk])
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except _Interrupted:
+                interrupted += 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert interrupted > 100, f"only {interrupted} of 1500 saves were interrupted"
+    _atomic.write_atomically(file, [b"last"])   # an uninterrupted save cleans up
+    assert os.listdir(tmp_path) == ["notes"]
+    with open(file, "rb") as handle:
+        assert handle.read() == b"last"
+
+
 # -- refusals -------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -511,3 +558,190 @@ def test_save_replaces_the_previous_checkpoint(tmp_path):
         assert copy.get_all_transitions()["act"].ravel().tolist() == [0, 1, 2, 3, 4]
     assert os.listdir(tmp_path) == ["rb.ckpt"]
     assert os.stat(file).st_mode & 0o777 == 0o600
+
+
+# -- hostile arguments and files ------------------------------------------------------------------
+
+def test_file_must_be_a_path_and_an_fd_is_never_used(tmp_path):
+    """An int is not taken as a file descriptor: load(3) once read fd 3 and closed it."""
+    receiver, sender = os.pipe()
+    try:
+        with cpprb_ray.ReplayBuffer(4, ENV) as rb:
+            rb.add(**rows(0, 2))
+            for bad in (receiver, None, 1.5, ["rb.ckpt"]):
+                with pytest.raises(TypeError, match=r"^file must be a path .*got "
+                                                    rf"{type(bad).__name__}$"):
+                    rb.save(bad)
+                with pytest.raises(TypeError, match=r"^file must be a path .*got "
+                                                    rf"{type(bad).__name__}$"):
+                    cpprb_ray.ReplayBuffer.load(bad)
+            os.fstat(receiver)     # still open
+            rb.save(os.fsencode(tmp_path / "rb.ckpt"))     # a bytes path is a path
+        with cpprb_ray.ReplayBuffer.load(os.fsencode(tmp_path / "rb.ckpt")) as copy:
+            assert copy.get_stored_size() == 2
+    finally:
+        os.close(receiver)
+        os.close(sender)
+    assert os.listdir(tmp_path) == ["rb.ckpt"]
+
+
+def _in_child(target, *args, timeout: float = 20.0):
+    """Run `target(*args)` in a child; its outcome ("ok" or the exception's type and text), or
+    "hung" when it did not finish in `timeout` seconds (then the child is killed)."""
+    receiver, sender = context().Pipe(duplex=False)
+    child = context().Process(target=_checkpoint_workers.report, args=(sender, target) + args)
+    child.start()
+    try:
+        if not receiver.poll(timeout):
+            return "hung"
+        return receiver.recv()
+    finally:
+        child.kill()
+        child.join(TIMEOUT)
+
+
+def test_a_fifo_or_a_device_is_refused_without_blocking(tmp_path):
+    """Opening a FIFO for reading blocks until a writer comes: a load of one hung forever."""
+    fifo = tmp_path / "rb.ckpt"
+    os.mkfifo(fifo)
+    outcome = _in_child(_checkpoint_workers.load_checkpoint, str(fifo))
+    assert outcome == ("ValueError", f"'{fifo}' is not a loadable cpprb_ray checkpoint: it is a "
+                                     f"FIFO, not a regular file")
+    with refused("/dev/null", "it is a character device, not a regular file"):
+        cpprb_ray.ReplayBuffer.load("/dev/null")
+    outcome = _in_child(_checkpoint_workers.load_transitions, str(fifo))
+    assert outcome == ("ValueError", f"file '{fifo}' is a FIFO, not a regular file")
+    fifo_npz = tmp_path / "rb.npz"        # np.savez opened it for writing: blocked too
+    os.mkfifo(fifo_npz)
+    outcome = _in_child(_checkpoint_workers.save_transitions, str(fifo_npz))
+    assert outcome == ("ValueError", f"file '{fifo_npz}' is a FIFO, not a regular file")
+    assert sorted(os.listdir(tmp_path)) == ["rb.ckpt", "rb.npz"]
+
+
+def test_save_replaces_only_regular_files(tmp_path):
+    """A save renamed its file over whatever was at the path: a FIFO, a device node (as root,
+    /dev/null), or the buffer's own live segment, which then lost its name (no process could
+    attach any more) and left the checkpoint behind in /dev/shm."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with cpprb_ray.ReplayBuffer(4, ENV, backend="mmap", path=str(tmp_path / "seg.buf")) as rb, \
+            cpprb_ray.ReplayBuffer(4, ENV) as other:   # shm where it exists
+        rb.add(**rows(0, 2))
+        with pytest.raises(ValueError, match=rf"^file '{fifo}' is a FIFO, not a regular file"):
+            rb.save(fifo)
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+        for segment in (rb.name, os.path.join("/dev/shm", other.name)):
+            if not os.path.exists(segment):
+                continue
+            with pytest.raises(ValueError, match=rf"^file '{segment}' is a cpprb_ray buffer's "
+                                                 rf"segment, not a checkpoint"):
+                rb.save(segment)
+        with cpprb_ray.ReplayBuffer.attach(rb.name) as view:
+            assert view.get_stored_size() == 2
+        with cpprb_ray.ReplayBuffer.attach(other.name) as view:
+            assert view.get_stored_size() == 0
+        (tmp_path / "old.ckpt").write_bytes(b"anything else is replaced")
+        rb.save(tmp_path / "old.ckpt")
+    with cpprb_ray.ReplayBuffer.load(tmp_path / "old.ckpt") as copy:
+        assert copy.get_stored_size() == 2
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "old.ckpt"]
+
+
+def _raw_checkpoint(file, text: bytes, payload: bytes = b"", version: int = 1) -> None:
+    """A file with a valid prefix and checksums around `text` and `payload`."""
+    text += b" " * ((-len(text)) % 64)
+    head = checkpoint._PREFIX.pack(checkpoint.MAGIC, version, 64, len(text), len(payload),
+                                   zlib.crc32(text), zlib.crc32(payload), bytes(20), 0)[:-4]
+    file.write_bytes(head + struct.pack("<I", zlib.crc32(head)) + text + payload)
+
+
+@pytest.mark.parametrize("text, match", [
+    (b"[" * 100000 + b"]" * 100000, "unreadable description"),
+    (b'{"sections": {"rows": [0, 1e400]}}', "unreadable description"),
+    (b'{"sections": {"rows": [0.5, 0]}}', "unreadable description"),
+])
+def test_crafted_json_is_refused(tmp_path, text, match):
+    """A description nested too deeply raised RecursionError, an infinite section length
+    OverflowError, instead of the refusal."""
+    file = tmp_path / "rb.ckpt"
+    _raw_checkpoint(file, text)
+    with refused(file, match):
+        cpprb_ray.ReplayBuffer.load(file)
+
+
+@pytest.mark.parametrize("change, match", [
+    (_set(["state", "rows_added"], -5), "rows added -5"),
+    (_set(["state", "rows_added"], 1 << 70), "rows added 1180591620717411303424"),
+    (lambda description, sections: (_set(["alpha"], 2.0)(description, sections),
+                                    _set(["state", "max_priority"], 1e300)(description, sections)),
+     "max_priority"),
+    (_set(["state", "max_priority"], "2.0"), "max_priority must be a number"),
+    (_set(["eps"], "0.1"), "eps must be a number"),
+    (_set(["capacity"], 1 << 62),
+     r"size 4611686018427387904 makes a segment of more than 2\*\*63 - 1 bytes"),
+    (_set(["alpha"], True), "alpha must be a number"),
+])
+def test_crafted_state_is_refused(saved, change, match):
+    """rows_added out of uint64 raised OverflowError; a max priority whose weight overflows the
+    tree was loaded, and the loaded buffer's next add made its total inf; strings were read as
+    numbers."""
+    file, _ = saved
+    _crafted(file, change)
+    with refused(file, match):
+        cpprb_ray.PrioritizedReplayBuffer.load(file)
+
+
+def test_a_foreign_layout_is_refused_before_a_buffer_is_made(saved):
+    """The layout was checked only after the new buffer was made: a crafted file with a
+    foreign layout and a huge capacity failed with "no space" instead of the refusal."""
+    file, _ = saved
+    _crafted(file, lambda description, sections: (
+        _set(["columns", 1, "offset"], 12)(description, sections),
+        _set(["capacity"], 1 << 45)(description, sections)))
+    with refused(file, "row layout differs"):
+        cpprb_ray.PrioritizedReplayBuffer.load(file)
+
+
+def test_a_prefix_of_another_version_names_the_version(saved):
+    """A later format may change the prefix past the version field: its checksum then does not
+    match ours, and the refusal must still name both versions, not only "corrupt"."""
+    file, data = saved
+    other = bytearray(data)
+    struct.pack_into("<II", other, 8, checkpoint.FORMAT_VERSION + 1, 128)
+    file.write_bytes(bytes(other))
+    with refused(file, f"format version {checkpoint.FORMAT_VERSION + 1}.*version "
+                       f"{checkpoint.FORMAT_VERSION}"):
+        cpprb_ray.PrioritizedReplayBuffer.load(file)
+
+
+def test_a_corrupt_transitions_file_is_refused(tmp_path):
+    """A flipped byte or a cut anywhere in a transitions file gives a ValueError naming the
+    file (it gave zipfile's BadZipFile, zlib.error, EOFError, NotImplementedError...), and the
+    buffer is unchanged."""
+    file = tmp_path / "rb.npz"
+    with cpprb_ray.ReplayBuffer(64, ENV) as rb:
+        rb.add(**rows(0, 10))
+        rb.save_transitions(file)
+        data = file.read_bytes()
+        loaded = 0
+        for position in range(len(data)):
+            for flip in (0x01, 0x80, 0xFF):
+                corrupt = bytearray(data)
+                corrupt[position] ^= flip
+                file.write_bytes(bytes(corrupt))
+                before = rb._store.rows_added
+                try:
+                    rb.load_transitions(file)
+                    loaded += 1     # a flip in zip metadata that nothing reads
+                except ValueError as error:
+                    assert str(error).startswith(repr(file)), error
+                    assert rb._store.rows_added == before
+        assert loaded < 3 * len(data)
+        for length in range(0, len(data), 7):
+            file.write_bytes(data[:length])
+            with pytest.raises(ValueError, match="^" + re.escape(repr(file))):
+                rb.load_transitions(file)
+        for method in (rb.load_transitions, rb.save_transitions):
+            with pytest.raises(TypeError, match=r"^file must be a path .* or a binary file "
+                                                r"object; got int$"):
+                method(3)

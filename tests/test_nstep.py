@@ -256,6 +256,39 @@ def test_bad_priorities_leave_buffer_and_staging_unchanged():
     assert_rows_match(rows, ref.reference_rows([Episode(0, [1.0] * 3, False)], 2, 0.9))
 
 
+def test_a_bad_priority_of_a_single_step_leaves_the_lane_unchanged():
+    # A laned buffer writes each staged step into its lane: a bad priority must be refused
+    # before that, or every refused add takes a slot of the ring (and evicts a row once full).
+    def run(bad_adds):
+        with PrioritizedReplayBuffer(16, SIMPLE_ENV, lanes=1, Nstep=nstep_spec(2, 0.5)) as rb:
+            slots = [rb.add(obs=t, rew=1.0, next_obs=t + 1, done=0.0, priorities=1.0)
+                     for t in range(10)]
+            for _ in range(bad_adds):
+                with pytest.raises(ValueError, match="priorities must be finite and >= 0"):
+                    rb.add(obs=10, rew=1.0, next_obs=11, done=0.0, priorities=-1.0)
+                assert rb._nstep.staged == 1
+            slots += [rb.add(obs=t, rew=1.0, next_obs=t + 1, done=float(t == 13),
+                             priorities=1.0) for t in range(10, 14)]
+            return slots, rb.get_stored_size(), simple_rows(rb)
+
+    assert run(6) == run(0)
+
+
+@pytest.mark.parametrize("timeout, error", [(float("nan"), ValueError), (-1, ValueError),
+                                            ("1", TypeError), (True, TypeError)])
+def test_bad_timeouts_are_refused_when_nothing_would_be_committed(timeout, error):
+    with ReplayBuffer(8, SIMPLE_ENV, Nstep=nstep_spec(3, 0.5)) as rb:
+        with pytest.raises(error, match="timeout must be None or a number of seconds"):
+            rb.add(obs=0, rew=1.0, next_obs=1, done=0.0, timeout=timeout)   # would be staged
+        with pytest.raises(error, match="timeout must be None or a number of seconds"):
+            rb.on_episode_end(timeout=timeout)                             # nothing staged
+        assert rb._nstep.staged == 0 and rb.get_stored_size() == 0
+        rb.add(obs=0, rew=1.0, next_obs=1, done=0.0)
+        with pytest.raises(error, match="timeout must be None or a number of seconds"):
+            rb.add(obs=1, rew=1.0, next_obs=2, done=0.0, timeout=timeout)
+        assert rb._nstep.staged == 1 and rb.get_stored_size() == 0
+
+
 # -- lifetime: close, clear, views, fork -----------------------------------------------------
 
 def test_close_commits_the_staged_steps_as_a_truncated_end(backend):
@@ -434,6 +467,8 @@ def test_a_killed_writer_loses_only_its_staged_steps(backend):
      r"Nstep\['gamma'\] must be in \[0, 1\]"),
     ({"size": 2, "gamma": "0.9", "rew": "rew", "next": "next_obs"}, TypeError,
      r"Nstep\['gamma'\] must be a real number"),
+    ({"size": 2, "gamma": 10**400, "rew": "rew", "next": "next_obs"}, ValueError,
+     r"Nstep\['gamma'\] must be in \[0, 1\]; got 1000"),   # not float()'s OverflowError
     ({"size": 2, "gamma": 0.9, "rew": "reward", "next": "next_obs"}, ValueError,
      r"Nstep\['rew'\] names 'reward', which is not a column"),
     ({"size": 2, "gamma": 0.9, "rew": "rew", "next": ["next_obs", "nope"]}, ValueError,

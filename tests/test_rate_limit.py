@@ -107,6 +107,19 @@ def test_reverb_parameters():
     (lambda: SampleToInsertRatio(1.0, 10, (0.0, 5.0, 9.0)), ValueError, "pair; got 3"),
     (lambda: SampleToInsertRatio(1.0, 10, (float("nan"), 5.0)), ValueError, "NaN"),
     (lambda: SampleToInsertRatio(1.0, 10, "wide"), TypeError, "error_buffer"),
+    # Numbers beyond a float or the segment's 64 bits: a ValueError naming the argument, not
+    # an OverflowError from float().
+    (lambda: SampleToInsertRatio(10**400, 10, 5), ValueError,
+     "samples_per_insert must be a real number within the float range"),
+    (lambda: SampleToInsertRatio(1.0, 10, 10**400), ValueError,
+     "error_buffer must be a real number within the float range"),
+    (lambda: SampleToInsertRatio(1.0, 10, (0, 10**400)), ValueError,
+     "error_buffer[1] (max_diff) must be a real number within the float range"),
+    (lambda: SampleToInsertRatio(1.0, 10**400, 5), ValueError,
+     "min_size_to_sample must be a positive integer <= 2**63 - 1"),
+    (lambda: MinSize(2**64), ValueError, "min_size_to_sample must be a positive integer <= 2**63"),
+    (lambda: SampleToInsertRatio(1.0, 10, np.array([0.0, 20.0])), TypeError,
+     "error_buffer must be a number or a (min_diff, max_diff) pair; got ndarray"),
 ])
 def test_bad_parameters_raise_clear_errors(make, error, words):
     with pytest.raises(error, match=re.escape(words)):
@@ -134,6 +147,7 @@ def test_bad_rate_limiter_arguments(kind):
     (float("nan"), ValueError, "timeout must be None or a number of seconds >= 0; got nan"),
     ("1", TypeError, "timeout must be None or a number of seconds; got str"),
     (True, TypeError, "timeout must be None or a number of seconds; got bool"),
+    (-10**400, ValueError, "timeout must be None or a number of seconds >= 0; got -1000"),
 ])
 def test_bad_timeouts_raise_and_change_nothing(kind, timeout, error, words):
     with kind(16, ENV, rate_limiter=MinSize(1)) as rb:
@@ -143,7 +157,19 @@ def test_bad_timeouts_raise_and_change_nothing(kind, timeout, error, words):
             rb.add(**batch_of(1), timeout=timeout)
         with pytest.raises(error, match=words):
             sample(rb, 1, timeout)
+        with pytest.raises(error, match=words):   # nothing to commit without Nstep: refused
+            rb.on_episode_end(timeout=timeout)
         assert rb.stats() == before
+
+
+@pytest.mark.parametrize("kind", CLASSES)
+def test_a_timeout_past_any_float_means_no_limit(kind):
+    # It was float()'s OverflowError, naming nothing; 10**400 seconds is as long as it takes.
+    with kind(16, ENV, rate_limiter=MinSize(1)) as rb:
+        rb.add(**batch_of(2), timeout=10**400)
+        assert sample(rb, 2, 10**400)["obs"].shape == (2, 2)
+        rb.on_episode_end(timeout=10**400)
+        assert rb.get_stored_size() == 2
 
 
 @pytest.mark.parametrize("kind", CLASSES)
@@ -612,6 +638,117 @@ def test_nstep_add_held_back_leaves_the_staging_as_it_was():
         rb.sample(2)
         rb.on_episode_end(timeout=0)
         assert rb.get_stored_size() == 5 and rb.stats()["nstep_staged"] == 0
+
+
+def held_back_nstep_add(rb, outcome, timeout):
+    """In a thread: one N-step add of the next step that the limiter holds back."""
+    step = {key: value[0] for key, value in batch_of(1, 9).items()}
+    began = time.monotonic()
+    try:
+        rb.add(**step, timeout=timeout)
+        outcome["result"] = "added"
+    except (TimeoutError, ValueError) as error:
+        outcome["result"] = f"{type(error).__name__}: {error}"
+    outcome["seconds"] = time.monotonic() - began
+
+
+def nstep_buffer_that_holds_adds_back():
+    limiter = SampleToInsertRatio(1.0, 1, (-2.0, 2.0))
+    rb = ReplayBuffer(32, ENV, Nstep=NSTEP, rate_limiter=limiter)
+    for k in range(4):   # diff 2 = max_diff: the next commit waits for a sample
+        rb.add(**{key: value[0] for key, value in batch_of(1, k).items()}, timeout=0)
+    assert rb.stats()["nstep_staged"] == 2
+    return rb
+
+
+def test_close_ends_an_nstep_add_waiting_in_another_thread():
+    # The waiting add holds the handle's N-step staging; close() must not wait for it (it
+    # waited the add's whole timeout, and for good with timeout=None).
+    rb = nstep_buffer_that_holds_adds_back()
+    view = ReplayBuffer.attach(rb.name)
+    outcome = {}
+    thread = threading.Thread(target=held_back_nstep_add, args=(rb, outcome, 20.0))
+    thread.start()
+    try:
+        time.sleep(0.3)
+        began = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="N-step step"):
+            rb.close()
+        closed_in = time.monotonic() - began
+        thread.join(TIMEOUT)
+        assert not thread.is_alive()
+        assert closed_in < 2.0, f"close() waited {closed_in:.1f} s for the held-back add"
+        assert outcome["seconds"] < 5.0
+        assert "closed while this call waited for its rate limiter" in outcome["result"]
+        assert view.get_stored_size() == 2    # what was committed stays; nothing else came
+    finally:
+        view.close()
+        thread.join(TIMEOUT)
+
+
+def test_on_episode_end_keeps_its_timeout_while_another_thread_waits_in_add():
+    rb = nstep_buffer_that_holds_adds_back()
+    outcome = {}
+    thread = threading.Thread(target=held_back_nstep_add, args=(rb, outcome, 5.0))
+    thread.start()
+    try:
+        time.sleep(0.3)
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match="on_episode_end: another thread's call"):
+            rb.on_episode_end(timeout=0.3)
+        assert time.monotonic() - began < 2.0
+        thread.join(TIMEOUT)
+        assert outcome["result"].startswith("TimeoutError: add of 1 row held back")
+        assert rb.get_stored_size() == 2 and rb.stats()["nstep_staged"] == 2
+    finally:
+        thread.join(TIMEOUT)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rb.close()
+
+
+def fork_child_ends_its_episode(rb, conn):
+    """A forked child: uses the handle whose staging a thread of the parent held at the fork."""
+    try:
+        rb.on_episode_end(timeout=1.0)
+        rb.add(**{key: value[0] for key, value in batch_of(1, 50).items()}, timeout=1.0)
+        staged = rb.stats()["nstep_staged"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # the limiter holds the staged step back: dropped
+            rb.close()
+        conn.send(("done", staged))
+    except BaseException as error:
+        conn.send(("error", repr(error)))
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_a_fork_while_an_nstep_add_waits_leaves_the_child_a_usable_handle():
+    ctx = multiprocessing.get_context("fork")
+    rb = nstep_buffer_that_holds_adds_back()
+    outcome = {}
+    thread = threading.Thread(target=held_back_nstep_add, args=(rb, outcome, 3.0))
+    thread.start()
+    child = None
+    try:
+        time.sleep(0.3)
+        parent_end, child_end = ctx.Pipe()
+        child = ctx.Process(target=fork_child_ends_its_episode, args=(rb, child_end))
+        child.start()
+        # The child's staging lock was held by the parent's waiting thread: it hung for good.
+        tag, staged = receive(parent_end, "the forked child's calls", 8.0)
+        assert staged == 1
+        child.join(TIMEOUT)
+        assert child.exitcode == 0
+    finally:
+        if child is not None and child.is_alive():
+            os.kill(child.pid, signal.SIGKILL)
+            child.join(TIMEOUT)
+        thread.join(TIMEOUT)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rb.close()
+    assert outcome["result"].startswith("TimeoutError")
 
 
 def test_close_drops_staged_steps_the_limiter_refuses_with_a_warning():
