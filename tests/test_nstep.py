@@ -482,6 +482,15 @@ def test_a_killed_writer_loses_only_its_staged_steps(backend):
      "must not name the 'done' column"),
     ({"size": 2, "gamma": 0.9, "rew": "act", "next": "next_obs"}, TypeError,
      "must have a floating dtype"),
+    # A window no process could stage: it was numpy's "Maximum allowed size exceeded" or a
+    # MemoryError, naming nothing.
+    ({"size": 2**63, "gamma": 0.9, "rew": "rew", "next": "next_obs"}, ValueError,
+     r"Nstep\['size'\] 9223372036854775808 needs .* bytes of staging in each handle's process, "
+     r"more than this machine's"),
+    ({"size": 2**40, "gamma": 0.9, "rew": "rew", "next": "next_obs"}, ValueError,
+     r"Nstep\['size'\] 1099511627776 needs"),
+    ({"size": 10**400, "gamma": 0.9, "rew": "rew", "next": "next_obs"}, ValueError,
+     r"Nstep\['size'\] 100000000000000000000000\.\.\. needs"),
 ])
 def test_bad_specs_are_refused(spec, error, message):
     env = dict(ENV)
