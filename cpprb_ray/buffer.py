@@ -742,12 +742,14 @@ class ReplayBuffer:
         """
         room = self.get_stored_size()
         if self._lanes is not None:
-            return self._lanes.all_rows(room)
-        outputs = [np.empty((room,) + c.shape, dtype=c.dtype) for c in self._columns]
-        indexes = np.empty(room, dtype=np.int64)
-        leaves = np.empty(room, dtype=np.float64)
-        copied = self._store.snapshot(outputs, indexes, leaves)
-        transitions = {c.name: out[:copied] for c, out in zip(self._columns, outputs)}
+            # (shuffle and its check below apply to a laned buffer's rows too)
+            transitions = self._lanes.all_rows(room)
+        else:
+            outputs = [np.empty((room,) + c.shape, dtype=c.dtype) for c in self._columns]
+            indexes = np.empty(room, dtype=np.int64)
+            leaves = np.empty(room, dtype=np.float64)
+            copied = self._store.snapshot(outputs, indexes, leaves)
+            transitions = {c.name: out[:copied] for c, out in zip(self._columns, outputs)}
         if not isinstance(shuffle, (bool, np.bool_)):
             raise TypeError(f"shuffle must be a bool; got {type(shuffle).__name__}")
         return _compat.shuffled(transitions) if shuffle else transitions
@@ -812,12 +814,20 @@ class ReplayBuffer:
         if not transitions or len(next(iter(transitions.values()))) == 0:
             return
         if self._nstep is not None:
+            if self._lanes is not None:
+                # Laned: the finished rows go into this handle's lane (never the plain ring),
+                # with the columns add takes (next_of's included).
+                rows = _compat.nstep_rows(transitions, self._lanes.columns(), file)
+                self._lanes.add(rows, None, timeout)
+                return
             rows = _compat.nstep_rows(transitions, self._columns, file)
             self._commit_rows(rows, None, timeout)
             return
-        if set(transitions) != self._column_names:
+        names = (self._column_names if self._lanes is None
+                 else frozenset(name for name, _, _ in self._lanes.public))
+        if set(transitions) != names:
             raise ValueError(f"{file!r} holds the columns {sorted(transitions)}; this buffer's "
-                             f"are {sorted(self._column_names)}")
+                             f"are {sorted(names)}")
         self.add(timeout=timeout, **transitions)
 
     def is_Nstep(self) -> bool:

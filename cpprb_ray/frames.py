@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -50,6 +50,12 @@ Names = Union[None, str, Sequence[str]]
 def _names(value: Names, argument: str, known: Sequence[str]) -> List[str]:
     if value is None:
         return []
+    # A collection, not any iterable: the names are read more than once (an iterator would
+    # be empty the second time), and a dict or bytes is not a list of names.
+    if not isinstance(value, str) and (not isinstance(value, Collection) or isinstance(
+            value, (bytes, bytearray, Mapping))):
+        raise TypeError(f"{argument} must be a str or a list of str (env_dict keys); got "
+                        f"{type(value).__name__}")
     names = [value] if isinstance(value, str) else list(value)
     for name in names:
         if not isinstance(name, str) or name not in known:
@@ -78,8 +84,9 @@ def with_next_columns(columns: List[Column], next_of: Names) -> List[Column]:
     ['obs', 'act', 'next_obs']
     """
     names = [c.name for c in columns]
+    next_names = _names(next_of, "next_of", names)
     extra = [Column("next_" + c.name, c.dtype, c.shape) for c in columns
-             if c.name in _names(next_of, "next_of", names) and "next_" + c.name not in names]
+             if c.name in next_names and "next_" + c.name not in names]
     return list(columns) + extra
 
 
@@ -136,6 +143,12 @@ class LaneConfig:
         names = [c.name for c in columns]
         next_names = _names(next_of, "next_of", names)
         stacked = _names(stack_compress, "stack_compress", names)
+        # A column next_of derives is not stored: it cannot be a frame column itself.
+        for argument, named in (("next_of", next_names), ("stack_compress", stacked)):
+            for name in named:
+                if name.startswith("next_") and name[5:] in next_names:
+                    raise ValueError(f"{argument} names {name!r}, which next_of={name[5:]!r} "
+                                     f"derives (it is not stored); name {name[5:]!r} instead")
         if lanes is None and not next_names and not stacked:
             return columns, None
         count = 1 if lanes is None else _rules.as_count(lanes, "lanes")
@@ -282,6 +295,10 @@ class LaneWriter:
         """The columns add takes and sample returns: (name, shape, dtype), env_dict order."""
         return self._config.public
 
+    def columns(self) -> List[Column]:
+        """The public columns as Column objects (what add takes)."""
+        return self._config.columns()
+
     @property
     def lane(self) -> Optional[int]:
         """The lane this handle writes (None before its first add)."""
@@ -392,8 +409,14 @@ class LaneWriter:
     def _write(self, staged: Dict[str, np.ndarray], count: int, priorities: Any,
                timeout: Optional[float], incomplete: bool,
                out: Optional[Tuple[np.ndarray, np.ndarray]]) -> int:
-        lane = self._claim()
         chunk = self._chunk_size
+        if count > chunk and not incomplete and self._store.limiter_record() is not None:
+            # Several kernel calls, each admitted by the rate limiter on its own: a TimeoutError
+            # (or a wait) after the first would leave part of the add committed.
+            raise ValueError(f"an add of {count} rows goes into this laned buffer in pieces of "
+                             f"at most {chunk} (a lane's worth); with a rate_limiter an add "
+                             f"must go in one piece: add at most {chunk} rows at a time")
+        lane = self._claim()
         first = -1
         for start in range(0, count, chunk):
             stop = min(start + chunk, count)

@@ -3,6 +3,7 @@ added it, with many writers, wrap-around, resets, glitches, kills and reclaimed 
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import pickle
@@ -346,3 +347,85 @@ def test_python_numbers_go_in_by_the_rules_of_every_add():
         assert rows["small"].ravel().tolist() == [1, 3]
         assert rows["rew"].ravel().tolist() == [0.5, 2.0]
         assert rb.get_stored_size() == 2
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_next_of_and_stack_compress_take_a_list_of_names_only(cls):
+    # Not a str nor a list: a TypeError naming the argument. An iterator used to be read twice
+    # (empty the second time), so next_of=iter(["obs"]) silently stored next_obs whole.
+    for value in (5, b"obs", iter(["obs"]), {"obs": 1}):
+        for argument in ("next_of", "stack_compress"):
+            with pytest.raises(TypeError, match=argument):
+                cls(64, streams.ENV, **{argument: value})
+    # A column that next_of derives is not stored: naming it again used to make the segment
+    # and then refuse it as "not a valid cpprb_ray buffer".
+    env = dict(streams.ENV, next_obs=streams.ENV["obs"])
+    for options in ({"next_of": ["obs", "next_obs"]},
+                    {"next_of": "obs", "stack_compress": "next_obs"}):
+        with pytest.raises(ValueError, match="next_obs.*derives"):
+            cls(64, env, **options)
+    with cls(64, streams.ENV, next_of=("obs",), stack_compress=["obs"]) as rb:
+        assert rb._lanes is not None and "next_obs" in rb.get_all_transitions()
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_laned_buffers_load_their_own_transitions_files(cls):
+    # save_transitions then load_transitions, into the buffer itself and into a fresh one: the
+    # rows come back exactly. A framed buffer used to refuse its own file (its next_obs is
+    # not stored) or fail to reshape it; a laned N-step one wrote the rows into the plain ring
+    # behind the lanes' backs (get_stored_size counted rows get_all_transitions never saw).
+    spec = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
+    whole = dict(streams.ENV, next_obs=streams.ENV["obs"])
+    configs = [(streams.ENV, FRAMED), (streams.ENV, dict(FRAMED, Nstep=spec)),
+               (whole, {"lanes": 2, "Nstep": spec}), (whole, {"lanes": 2})]
+    for env, options in configs:
+        with cls(512, env, **options) as rb, cls(512, env, **options) as fresh:
+            rb.add(**streams.Stream(0, 8).transitions(30))
+            rb.on_episode_end()
+            saved = rb.get_all_transitions()
+            file = io.BytesIO()
+            rb.save_transitions(file)
+            for target, copies in ((fresh, 1), (rb, 2)):
+                file.seek(0)
+                target.load_transitions(file)
+                rows = target.get_all_transitions()
+                assert len(rows["act"]) == target.get_stored_size() == copies * len(saved["act"])
+                order = np.argsort(rows["act"].ravel(), kind="stable")[::copies]
+                mine = np.argsort(saved["act"].ravel(), kind="stable")
+                assert sorted(rows) == sorted(saved)
+                for name in saved:
+                    assert (rows[name][order] == saved[name][mine]).all(), (options, name)
+                assert tree_problems(target._store.check_tree()) == []
+            if "Nstep" not in options:
+                streams.check(rb.sample(64))
+
+
+def test_get_all_transitions_of_a_laned_buffer_shuffles():
+    # shuffle=True used to be ignored (and shuffle="yes" accepted) by a laned buffer.
+    with make(ReplayBuffer, 256, "auto") as rb:
+        rb.add(**streams.Stream(0, 9).transitions(60))
+        np.random.seed(0)   # noqa: NPY002 (cpprb's global random state, as the plain buffer)
+        rows = rb.get_all_transitions(shuffle=True)
+        acts = rows["act"].ravel()
+        assert len(acts) == 60 and not (np.diff(acts) > 0).all()
+        streams.check(rows)
+        assert sorted(acts) == sorted(rb.get_all_transitions()["act"].ravel())
+        with pytest.raises(TypeError, match="shuffle"):
+            rb.get_all_transitions(shuffle="yes")
+
+
+def test_an_add_larger_than_a_lane_under_a_rate_limiter_adds_nothing():
+    # A laned add of more rows than a lane takes at once goes in several kernel calls, each
+    # admitted by the limiter on its own: a TimeoutError after the first used to leave its
+    # rows committed (8 of 20 here). Now such an add is refused up front, nothing added.
+    from cpprb_ray.rate_limiters import SampleToInsertRatio
+    limiter = SampleToInsertRatio(1.0, 1, (-1.0, 12.0))
+    with make(ReplayBuffer, 64, "auto", rate_limiter=limiter) as rb:
+        source = streams.Stream(0, 10, glitches=False)
+        rows = source.transitions(20)
+        with pytest.raises(ValueError, match="at most 8 rows"):
+            rb.add(timeout=0, **rows)
+        assert rb.get_stored_size() == 0 and rb.stats()["inserts"] == 0
+        rb.add(timeout=0, **{name: value[:8] for name, value in rows.items()})
+        streams.check(rb.get_all_transitions())
+        assert rb.get_stored_size() == 8
