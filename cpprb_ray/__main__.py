@@ -6,6 +6,7 @@ Errors are messages on stderr with a nonzero exit status, never tracebacks.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -24,6 +25,19 @@ def _human(size: int) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`ls | head`): no traceback, and the interpreter's last flush
+        # of stdout must not fail again.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
+
+
+def _main(argv: Optional[List[str]]) -> int:
     parser = argparse.ArgumentParser(prog="python -m cpprb_ray",
                                      description="List and remove cpprb_ray buffers.")
     commands = parser.add_subparsers(dest="command", required=True)

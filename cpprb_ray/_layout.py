@@ -260,19 +260,30 @@ def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
     return header, layout
 
 
+# Far more layout JSON than any env_dict makes (1200 columns take about 100 KB): a header that
+# says more is damaged, and reading what it says could mean reading the whole segment.
+_LAYOUT_LIMIT = 64 << 20
+
+
 def read_prefix(fd: int) -> bytearray:
     """The header and layout JSON of the segment open at `fd`, read without mapping it.
 
-    ValueError when it does not start with a cpprb_ray header.
+    ValueError when it does not start with a cpprb_ray header. When the fixed header is
+    damaged so that its layout would run past the data, the file or any real layout, only the
+    fixed header (padded to the layout's offset), which :func:`read` then refuses, saying why:
+    a damaged length must not make a reader (the CLI, an owner's close) read gigabytes.
     """
-    head = os.pread(fd, _store.HEADER_NBYTES, 0)
+    head = bytearray(os.pread(fd, _store.LAYOUT_OFFSET, 0))
     if len(head) < _store.HEADER_NBYTES or head[:8] != _store.MAGIC:
         raise ValueError("not a cpprb_ray buffer")
-    header = _store.read_header(bytearray(head))
+    fixed = _store.read_header(head)
+    layout_end = int(fixed["layout_offset"]) + int(fixed["layout_length"])
+    if not (fixed["layout_length"] <= _LAYOUT_LIMIT
+            and fixed["layout_offset"] == _store.LAYOUT_OFFSET
+            and layout_end <= fixed["data_offset"] <= os.fstat(fd).st_size):
+        return head.ljust(_store.LAYOUT_OFFSET, b"\0")
     # The JSON can be long (one entry per column); read exactly up to its end.
-    wanted = min(int(header["layout_offset"]) + int(header["layout_length"]),
-                 os.fstat(fd).st_size)
-    return bytearray(os.pread(fd, max(wanted, _store.LAYOUT_OFFSET), 0))
+    return bytearray(os.pread(fd, max(layout_end, _store.LAYOUT_OFFSET), 0))
 
 
 def token_at(backend: str, location: str) -> Optional[str]:

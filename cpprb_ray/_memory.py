@@ -324,7 +324,11 @@ def check_owner(uid: int, location: str) -> None:
 
 
 def open_existing(backend: str, location: str, flags: int = os.O_RDONLY) -> int:
-    """A file descriptor on an existing segment (FileNotFoundError if there is none)."""
+    """A file descriptor on an existing segment (FileNotFoundError if there is none).
+
+    Never waits: a FIFO under the name (anybody may make one once ours is gone) is opened
+    without blocking, and then found not to be a buffer."""
+    flags |= os.O_NONBLOCK
     if backend == "shm":
         if _posixshmem is None:
             return os.open(file_of(backend, location), flags)

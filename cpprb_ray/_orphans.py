@@ -15,9 +15,10 @@ unless forced.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from cpprb_ray import _layout, _memory, _proc, _store
 
@@ -44,9 +45,61 @@ def _candidate_files() -> List[str]:
     return files
 
 
-def _pid_alive(meta: Dict[str, Any]) -> bool:
-    """Whether owner_pid, read in THIS pid namespace, is the recorded owner process."""
-    pid = int(meta.get("owner_pid", 0))
+# The kernel's PID_MAX_LIMIT: no pid is larger (a damaged header may hold any 64-bit number).
+_PID_LIMIT = 1 << 22
+
+
+def _owner_pid(value: Any) -> int:
+    """The recorded owner pid as a pid, or 0 when it cannot be one (damaged metadata)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _PID_LIMIT:
+        return 0
+    return value
+
+
+def _live_task(pid: int) -> int:
+    """A task of process `pid` that has not exited (the pid itself unless its main thread
+    ended with the others still running), or 0 when every task of it has exited (a zombie)."""
+    if not _proc.process_is_zombie(pid):
+        return pid
+    # A main thread that called pthread_exit stays a zombie while its other threads run on.
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for task in tasks:
+        if task.isdigit() and int(task) != pid:
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat", "rb") as source:
+                    state = source.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in (b"Z", b"X"):
+                return int(task)
+    return 0
+
+
+def _maps_file(pid: int, task: int, identity: Tuple[int, int]) -> bool:
+    """Whether process `pid` still maps the file (st_dev, st_ino) `identity`; True when its
+    mappings cannot be read (not ours to read, or it is gone): never call an owner dead on that.
+    An owner that exec'd another program mapped its segment no more: it cannot free it now."""
+    device = f"{os.major(identity[0]):02x}:{os.minor(identity[0]):02x}"
+    inode = str(identity[1])
+    try:
+        with open(f"/proc/{pid}/task/{task}/maps", "rb") as source:
+            for line in source:
+                fields = line.split(None, 5)
+                if len(fields) >= 5 and fields[4].decode() == inode and (
+                        fields[3].decode() == device):
+                    return True
+    except OSError:
+        return True
+    return False
+
+
+def _pid_alive(meta: Dict[str, Any], identity: Optional[Tuple[int, int]] = None) -> bool:
+    """Whether owner_pid, read in THIS pid namespace, is the recorded owner process (and, given
+    the segment file's `identity`, still maps it)."""
+    pid = _owner_pid(meta.get("owner_pid", 0))
     if pid <= 0:
         return False
     try:
@@ -55,16 +108,22 @@ def _pid_alive(meta: Dict[str, Any]) -> bool:
         return False
     except PermissionError:
         pass
-    if _proc.process_is_zombie(pid):
+    task = _live_task(pid)
+    if task == 0:
         return False
     started = meta.get("owner_start")
-    return started is None or _proc.process_start_time(pid) == started
+    if started is not None and _proc.process_start_time(pid) != started:
+        return False
+    return identity is None or _maps_file(pid, task, identity)
 
 
-def owner_status(meta: Dict[str, Any]) -> Tuple[str, str]:
+def owner_status(meta: Dict[str, Any],
+                 identity: Optional[Tuple[int, int]] = None) -> Tuple[str, str]:
     """(status, why) of a segment's owner: "alive", "dead", or "unknown" with the reason.
 
-    Segments made before the namespace was recorded are judged by their pid alone.
+    Segments made before the namespace was recorded are judged by their pid alone. Given the
+    segment file's (st_dev, st_ino) `identity`, an owner that no longer maps it (it exec'd
+    another program, which cannot free it) is dead too.
 
     Examples
     --------
@@ -86,21 +145,62 @@ def owner_status(meta: Dict[str, Any]) -> Tuple[str, str]:
     if recorded_pidns is not None and recorded_pidns != _proc.pid_namespace():
         return UNKNOWN, (f"its owner (pid {meta.get('owner_pid')}) runs in another pid "
                          f"namespace ({recorded_pidns}), e.g. another container")
-    return (ALIVE, "") if _pid_alive(meta) else (DEAD, "")
+    return (ALIVE, "") if _pid_alive(meta, identity) else (DEAD, "")
+
+
+def _meta_of(data: bytearray) -> Dict[str, Any]:
+    """What a segment's layout JSON says of its owner, read as far as it can be (the segment
+    may be damaged, or of another version), with the fixed header's owner pid as a fallback."""
+    header = _store.read_header(data)
+    meta: Dict[str, Any] = {"owner_pid": header["owner_pid"]}
+    try:
+        start = int(header["layout_offset"])
+        document = json.loads(bytes(data[start:start + int(header["layout_length"])]).decode())
+        recorded = document["meta"]
+        meta.update({key: recorded[key] for key in _layout.IDENTITY_META if key in recorded})
+    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError, RecursionError):
+        pass
+    return meta
+
+
+def _shm_dir_is_tmpfs() -> bool:
+    """Whether SHM_DIR is a memory filesystem, where a mapping's device and inode in
+    /proc/PID/maps are the file's own (an overlay filesystem shows the layer's below)."""
+    try:
+        with open("/proc/self/mounts") as mounts:
+            types = [fields[2] for fields in (line.split() for line in mounts)
+                     if len(fields) > 2 and fields[1] == _memory.SHM_DIR]
+    except OSError:
+        return False
+    return bool(types) and types[-1] in ("tmpfs", "ramfs")
 
 
 def _describe(path: str) -> Dict[str, Any]:
-    with open(path, "rb") as handle:
-        data = _layout.read_prefix(handle.fileno())
+    # Not following a symlink, not waiting on a FIFO: only a regular file is read.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        status_of_file = os.fstat(fd)
+        if not stat.S_ISREG(status_of_file.st_mode):
+            raise ValueError(f"{path!r} is not a regular file, not a cpprb_ray buffer")
+        data = _layout.read_prefix(fd)
+    finally:
+        os.close(fd)
     header = _store.read_header(data)
-    size = os.path.getsize(path)
+    size = status_of_file.st_size
+    # Where the owner's mappings name the file as stat does (tmpfs: /dev/shm), an owner that
+    # no longer maps it is gone whatever its pid says; elsewhere (an overlay filesystem names
+    # the file differently there) the pid and its start time decide alone.
+    identity = ((status_of_file.st_dev, status_of_file.st_ino)
+                if os.path.dirname(path) == _memory.SHM_DIR and _shm_dir_is_tmpfs() else None)
     try:
         # Beyond the layout, the segment is only checked arithmetically.
         header, layout = _layout.read(data, size, path)
     except ValueError as error:
         # Our magic but unreadable: damaged, or made by an incompatible version. Still list it
         # (with what the fixed header says) so that it can be removed.
-        status, why = owner_status({"owner_pid": header["owner_pid"]})
+        # The owner's namespace and start time if the JSON still says them (another version's
+        # buffer, its owner in another container, is not to be taken for an orphan).
+        status, why = owner_status(_meta_of(data), identity)
         return {"name": os.path.basename(path) if path.startswith(_memory.SHM_DIR + "/") else path,
                 "backend": "?", "size": size, "capacity": header["capacity"],
                 "stored": header["stored_size"], "prioritized": bool(header["prioritized"]),
@@ -109,10 +209,10 @@ def _describe(path: str) -> Dict[str, Any]:
                 "valid": False, "problem": str(error)}
     backend = layout.meta.get("backend", "mmap")
     name = os.path.basename(path) if backend == "shm" else path
-    status, why = owner_status(layout.meta)
+    status, why = owner_status(layout.meta, identity)
     return {"name": name, "backend": backend, "size": size, "capacity": layout.capacity,
             "stored": header["stored_size"], "prioritized": layout.prioritized,
-            "owner_pid": int(layout.meta.get("owner_pid", 0)), "owner_status": status,
+            "owner_pid": _owner_pid(layout.meta.get("owner_pid", 0)), "owner_status": status,
             "owner_alive": status == ALIVE, "owner_why": why, "path": path, "valid": True,
             "problem": ""}
 

@@ -333,3 +333,195 @@ def test_rm_of_what_is_not_a_buffer_is_a_message(tmp_path):
     assert result.returncode == 2 and "--force goes with --orphans" in result.stderr
     with pytest.raises(TypeError, match="force must be a bool"):
         cpprb_ray.remove_orphans(force="yes")
+
+
+def test_damaged_header_does_not_break_ls_or_rm():
+    """Our magic followed by garbage: its owner pid is any 64-bit number. `ls` still lists
+    every buffer (that one as dead), and `rm NAME` removes it, without a traceback."""
+    path = os.path.join("/dev/shm", "cpprb_ray_test_damaged_" + os.urandom(6).hex())
+    with open(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600), "wb") as handle:
+        handle.write(_store.MAGIC + b"\xff" * 70000)
+    try:
+        with ReplayBuffer(4, {"x": {}}) as rb:
+            rows = ls_rows()                     # asserts a zero exit status
+            assert rows[rb.name][4] == "yes"
+            assert rows[os.path.basename(path)][4] == "no"
+            entry = entry_for(os.path.basename(path))
+            assert entry["valid"] is False and entry["owner_status"] == "dead"
+        result = cli("rm", os.path.basename(path))
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert not os.path.exists(path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+MAIN_THREAD_EXITS = """
+import ctypes, os, sys, threading
+import cpprb_ray
+rb = cpprb_ray.ReplayBuffer(16, {"obs": {}}, backend=sys.argv[1])
+def serve():
+    rb.add(obs=1.0)
+    print(rb.name, flush=True)
+    sys.stdin.readline()
+    rb.close()
+    os._exit(0)   # the interpreter cannot finalize without its main thread
+threading.Thread(target=serve).start()
+ctypes.CDLL(None).pthread_exit(None)   # the main thread ends; the process goes on in serve()
+"""
+
+
+def test_owner_whose_main_thread_exited_is_alive(backend):
+    """A main thread that called pthread_exit is a zombie in /proc while the process runs on in
+    its other threads: the owner is alive (stopped too), and `rm --orphans` keeps its buffer."""
+    owner = subprocess.Popen([sys.executable, "-c", MAIN_THREAD_EXITS, backend],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=child_env())
+    name = owner.stdout.readline().strip()
+    try:
+        assert name, "the owner printed no name"
+        assert entry_for(name)["owner_status"] == "alive"
+        os.kill(owner.pid, signal.SIGSTOP)
+        try:
+            assert entry_for(name)["owner_status"] == "alive"
+            result = cli("rm", "--orphans")
+            assert result.returncode == 0 and name not in result.stdout
+            assert os.path.exists(file_of(backend, name))
+        finally:
+            os.kill(owner.pid, signal.SIGCONT)
+    finally:
+        owner.communicate("\n", timeout=60)
+        if name and os.path.exists(file_of(backend, name)):
+            os.unlink(file_of(backend, name))
+    assert owner.returncode == 0
+    assert not os.path.exists(file_of(backend, name))       # freed by its owner's close
+
+
+EXECS = """
+import os, sys
+import cpprb_ray
+rb = cpprb_ray.ReplayBuffer(16, {"obs": {}}, backend=sys.argv[1])
+print(rb.name, flush=True)
+os.execv(sys.argv[2], [sys.argv[2], "60"])   # nothing of ours runs from here on
+"""
+
+
+def test_owner_that_exec_d_another_program_is_gone(backend):
+    """An owner that exec'd another program keeps its pid and start time but can never free
+    its segment: the buffer is an orphan for `ls` and `rm --orphans`, not alive for ever."""
+    sleep = "/bin/sleep" if os.path.exists("/bin/sleep") else "/usr/bin/sleep"
+    owner = subprocess.Popen([sys.executable, "-c", EXECS, backend, sleep],
+                             stdout=subprocess.PIPE, text=True, env=child_env())
+    name = owner.stdout.readline().strip()
+    try:
+        assert name, "the owner printed no name"
+        deadline = 50
+        while os.readlink(f"/proc/{owner.pid}/exe") != os.path.realpath(sleep) and deadline:
+            subprocess.run(["sleep", "0.1"], check=True)
+            deadline -= 1
+        assert owner.poll() is None                           # the same pid, running on
+        assert entry_for(name)["owner_status"] == "dead"
+        result = cli("rm", "--orphans")
+        assert result.returncode == 0 and f"removed orphan {name}" in result.stdout.splitlines()
+        assert not os.path.exists(file_of(backend, name))
+    finally:
+        owner.kill()
+        owner.wait(timeout=60)
+        owner.stdout.close()
+        if name and os.path.exists(file_of(backend, name)):
+            os.unlink(file_of(backend, name))
+
+
+def test_unreadable_buffer_of_an_owner_in_another_pid_namespace_is_unknown():
+    """A buffer this version cannot read (another layout version) whose JSON says its owner
+    runs in another pid namespace: unknown, and kept by `rm --orphans`, as a readable one is."""
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=60)                                     # a pid with no process now
+    with ReplayBuffer(4, {"x": {}}) as rb:
+        with open(file_of("shm", rb.name), "rb") as handle:
+            data = bytearray(handle.read())
+    header = _store.read_header(data)
+    start, length = header["layout_offset"], header["layout_length"]
+    document = json.loads(bytes(data[start:start + length]))
+    document["meta"].update(owner_pid=gone.pid, owner_pidns="pid:[1]")
+    text = json.dumps(document).encode()
+    assert len(text) <= length
+    data[start:start + length] = text.ljust(length, b" ")
+    for field, value in (("version", header["version"] + 1), ("owner_pid", gone.pid)):
+        offset = 8 * (1 + _store._HEADER_FIELDS.index(field))
+        data[offset:offset + 8] = int(value).to_bytes(8, sys.byteorder)
+    name = "cpprb_ray_test_other_version_" + os.urandom(6).hex()
+    path = os.path.join("/dev/shm", name)
+    with open(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600), "wb") as handle:
+        handle.write(data)
+    try:
+        entry = entry_for(name)
+        assert entry["valid"] is False and "layout version" in entry["problem"]
+        assert entry["owner_status"] == "unknown" and "another pid namespace" in entry["owner_why"]
+        result = cli("rm", "--orphans")
+        assert result.returncode == 0 and f"skipped {name}:" in result.stderr
+        assert os.path.exists(path)
+    finally:
+        os.unlink(path)
+
+
+def test_ls_into_a_closed_pipe_is_no_traceback():
+    """`python -m cpprb_ray ls | head -0`: the reader is gone before ls writes."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        with ReplayBuffer(4, {"x": {}}):
+            result = subprocess.run([sys.executable, "-m", "cpprb_ray", "ls"], stdout=write_end,
+                                    stderr=subprocess.PIPE, text=True, env=child_env(),
+                                    timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 1 and result.stderr == ""
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+@pytest.mark.parametrize("damage", ["past the data", "up to the data"])
+def test_damaged_layout_length_is_not_read_whole(damage):
+    """A header whose layout length says gigabytes (damaged; no env_dict makes more than a
+    few MiB of layout): `ls` and `rm` read the fixed header, not the segment, to say so."""
+    size = 2 << 30                                            # sparse: costs no memory
+    with ReplayBuffer(4, {"x": {}}) as rb:
+        with open(file_of("shm", rb.name), "rb") as handle:
+            data = bytearray(handle.read())
+    fields = {"layout_length": 1 << 40} if damage == "past the data" else {
+        "layout_length": size - _store.LAYOUT_OFFSET, "data_offset": size, "total_size": size}
+    for field, value in fields.items():
+        offset = 8 * (1 + _store._HEADER_FIELDS.index(field))
+        data[offset:offset + 8] = int(value).to_bytes(8, sys.byteorder)
+    name = "cpprb_ray_test_long_layout_" + os.urandom(6).hex()
+    path = os.path.join("/dev/shm", name)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        os.write(fd, data)
+        os.ftruncate(fd, size)
+        env = dict(child_env(), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        listed = subprocess.run([sys.executable, "-m", "cpprb_ray", "ls"], capture_output=True,
+                                text=True, env=env, timeout=60, preexec_fn=_limit_memory)
+        assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+        assert name in listed.stdout
+        assert entry_for(name)["valid"] is False
+        # What an owner's close reads before it unlinks (the same header reader).
+        token = subprocess.run([sys.executable, "-c", "from cpprb_ray import _layout; "
+                                f"print(_layout.token_at('shm', {name!r}))"],
+                               capture_output=True, text=True, env=env, timeout=60,
+                               preexec_fn=_limit_memory)
+        assert token.returncode == 0 and token.stdout.strip() == "None", token.stderr
+        removed = subprocess.run([sys.executable, "-m", "cpprb_ray", "rm", name],
+                                 capture_output=True, text=True, env=env, timeout=60,
+                                 preexec_fn=_limit_memory)
+        assert removed.returncode == 0 and removed.stdout.strip() == f"removed {name}", (
+            removed.stderr)
+    finally:
+        os.close(fd)
+        if os.path.exists(path):
+            os.unlink(path)

@@ -161,3 +161,35 @@ def test_a_constructor_that_fails_after_creating_frees_the_segment_and_its_claim
                                           lock_timeout=-1.0)
     assert not os.path.exists(os.path.join("/dev/shm", name))
     assert len(_ownership._live) == claims
+
+
+CLOSE_OVER_A_FIFO = """
+import os, sys, cpprb_ray
+backend, name = sys.argv[1], sys.argv[2]
+rb = cpprb_ray.ReplayBuffer(4, {"x": {}}, backend=backend, name=name)
+assert cpprb_ray.remove_buffer(rb.name)           # somebody's `rm NAME`
+os.mkfifo(os.path.join("/dev/shm", name), 0o666)  # ... and a FIFO takes the name
+rb.close()                                        # reads the token at the name: must not wait
+print("closed", flush=True)
+"""
+
+
+def test_owner_close_does_not_wait_on_a_fifo_that_took_the_name(backend):
+    """Anybody may make a FIFO under a name once our segment is gone; the owner's close (and its
+    SIGTERM handler) read the token at the name before unlinking, and opening a FIFO to read
+    blocks until a writer comes: the close must neither hang nor remove the FIFO."""
+    name = fresh_name("fifo")
+    fifo = os.path.join("/dev/shm", name)
+    try:
+        result = subprocess.run([sys.executable, "-c", CLOSE_OVER_A_FIFO, backend, name],
+                                capture_output=True, text=True, env=child_env(), timeout=30)
+        assert result.returncode == 0 and result.stdout.strip() == "closed", result.stderr
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)           # not ours: left alone
+        assert _layout.token_at(backend, name if backend == "shm" else fifo) is None
+        with pytest.raises(ValueError, match="not a cpprb_ray buffer"):
+            cpprb_ray.attach(name)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the owner's close() waited on a FIFO under its name")
+    finally:
+        if os.path.lexists(fifo):
+            os.unlink(fifo)
