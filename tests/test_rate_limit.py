@@ -661,50 +661,54 @@ def nstep_buffer_that_holds_adds_back():
     return rb
 
 
+@contextlib.contextmanager
+def add_held_back_in_a_thread(rb, timeout):
+    """An N-step add on `rb` that the limiter holds back, in another thread, 0.3 s into its
+    wait: yields its outcome (filled when it ends); joins the thread and closes `rb` after."""
+    outcome = {}
+    thread = threading.Thread(target=held_back_nstep_add, args=(rb, outcome, timeout))
+    thread.start()
+    try:
+        time.sleep(0.3)
+        yield outcome
+    finally:
+        thread.join(TIMEOUT)
+        assert not thread.is_alive(), "the held-back add never returned"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rb.close()
+
+
 def test_close_ends_an_nstep_add_waiting_in_another_thread():
     # The waiting add holds the handle's N-step staging; close() must not wait for it (it
     # waited the add's whole timeout, and for good with timeout=None).
     rb = nstep_buffer_that_holds_adds_back()
     view = ReplayBuffer.attach(rb.name)
-    outcome = {}
-    thread = threading.Thread(target=held_back_nstep_add, args=(rb, outcome, 20.0))
-    thread.start()
     try:
-        time.sleep(0.3)
-        began = time.monotonic()
-        with pytest.warns(RuntimeWarning, match="N-step step"):
-            rb.close()
-        closed_in = time.monotonic() - began
-        thread.join(TIMEOUT)
-        assert not thread.is_alive()
+        with add_held_back_in_a_thread(rb, 20.0) as outcome:
+            began = time.monotonic()
+            with pytest.warns(RuntimeWarning, match="N-step step"):
+                rb.close()
+            closed_in = time.monotonic() - began
         assert closed_in < 2.0, f"close() waited {closed_in:.1f} s for the held-back add"
         assert outcome["seconds"] < 5.0
         assert "closed while this call waited for its rate limiter" in outcome["result"]
         assert view.get_stored_size() == 2    # what was committed stays; nothing else came
     finally:
         view.close()
-        thread.join(TIMEOUT)
 
 
 def test_on_episode_end_keeps_its_timeout_while_another_thread_waits_in_add():
     rb = nstep_buffer_that_holds_adds_back()
-    outcome = {}
-    thread = threading.Thread(target=held_back_nstep_add, args=(rb, outcome, 5.0))
-    thread.start()
-    try:
-        time.sleep(0.3)
+    with add_held_back_in_a_thread(rb, 5.0) as outcome:
         began = time.monotonic()
         with pytest.raises(TimeoutError, match="on_episode_end: another thread's call"):
             rb.on_episode_end(timeout=0.3)
         assert time.monotonic() - began < 2.0
-        thread.join(TIMEOUT)
+        while "result" not in outcome and time.monotonic() - began < TIMEOUT:
+            time.sleep(0.05)
         assert outcome["result"].startswith("TimeoutError: add of 1 row held back")
         assert rb.get_stored_size() == 2 and rb.stats()["nstep_staged"] == 2
-    finally:
-        thread.join(TIMEOUT)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rb.close()
 
 
 def fork_child_ends_its_episode(rb, conn):
@@ -726,28 +730,20 @@ def fork_child_ends_its_episode(rb, conn):
 def test_a_fork_while_an_nstep_add_waits_leaves_the_child_a_usable_handle():
     ctx = multiprocessing.get_context("fork")
     rb = nstep_buffer_that_holds_adds_back()
-    outcome = {}
-    thread = threading.Thread(target=held_back_nstep_add, args=(rb, outcome, 3.0))
-    thread.start()
     child = None
-    try:
-        time.sleep(0.3)
-        parent_end, child_end = ctx.Pipe()
-        child = ctx.Process(target=fork_child_ends_its_episode, args=(rb, child_end))
-        child.start()
-        # The child's staging lock was held by the parent's waiting thread: it hung for good.
-        tag, staged = receive(parent_end, "the forked child's calls", 8.0)
-        assert staged == 1
-        child.join(TIMEOUT)
-        assert child.exitcode == 0
-    finally:
-        if child is not None and child.is_alive():
-            os.kill(child.pid, signal.SIGKILL)
+    with add_held_back_in_a_thread(rb, 3.0) as outcome:
+        try:
+            parent_end, child_end = ctx.Pipe()
+            child = ctx.Process(target=fork_child_ends_its_episode, args=(rb, child_end))
+            child.start()
+            # The child's staging lock was held by the parent's waiting thread: it hung for good.
+            assert receive(parent_end, "the forked child's calls", 8.0) == ("done", 1)
             child.join(TIMEOUT)
-        thread.join(TIMEOUT)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rb.close()
+            assert child.exitcode == 0
+        finally:
+            if child is not None and child.is_alive():
+                os.kill(child.pid, signal.SIGKILL)
+                child.join(TIMEOUT)
     assert outcome["result"].startswith("TimeoutError")
 
 
