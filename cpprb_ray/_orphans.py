@@ -56,46 +56,6 @@ def _owner_pid(value: Any) -> int:
     return value
 
 
-def _live_task(pid: int) -> int:
-    """A task of process `pid` that has not exited (the pid itself unless its main thread
-    ended with the others still running), or 0 when every task of it has exited (a zombie)."""
-    if not _proc.process_is_zombie(pid):
-        return pid
-    # A main thread that called pthread_exit stays a zombie while its other threads run on.
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for task in tasks:
-        if task.isdigit() and int(task) != pid:
-            try:
-                with open(f"/proc/{pid}/task/{task}/stat", "rb") as source:
-                    state = source.read().rsplit(b")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state not in (b"Z", b"X"):
-                return int(task)
-    return 0
-
-
-def _maps_file(pid: int, task: int, identity: Tuple[int, int]) -> bool:
-    """Whether process `pid` still maps the file (st_dev, st_ino) `identity`; True when its
-    mappings cannot be read (not ours to read, or it is gone): never call an owner dead on that.
-    An owner that exec'd another program mapped its segment no more: it cannot free it now."""
-    device = f"{os.major(identity[0]):02x}:{os.minor(identity[0]):02x}"
-    inode = str(identity[1])
-    try:
-        with open(f"/proc/{pid}/task/{task}/maps", "rb") as source:
-            for line in source:
-                fields = line.split(None, 5)
-                if len(fields) >= 5 and fields[4].decode() == inode and (
-                        fields[3].decode() == device):
-                    return True
-    except OSError:
-        return True
-    return False
-
-
 def _pid_alive(meta: Dict[str, Any], identity: Optional[Tuple[int, int]] = None) -> bool:
     """Whether owner_pid, read in THIS pid namespace, is the recorded owner process (and, given
     the segment file's `identity`, still maps it)."""
@@ -108,13 +68,13 @@ def _pid_alive(meta: Dict[str, Any], identity: Optional[Tuple[int, int]] = None)
         return False
     except PermissionError:
         pass
-    task = _live_task(pid)
-    if task == 0:
+    if not _proc.has_live_task(pid):
         return False
     started = meta.get("owner_start")
     if started is not None and _proc.process_start_time(pid) != started:
         return False
-    return identity is None or _maps_file(pid, task, identity)
+    # An owner that exec'd another program maps its segment no more: it cannot free it.
+    return identity is None or _proc.maps_file(pid, identity)
 
 
 def owner_status(meta: Dict[str, Any],
@@ -163,18 +123,6 @@ def _meta_of(data: bytearray) -> Dict[str, Any]:
     return meta
 
 
-def _shm_dir_is_tmpfs() -> bool:
-    """Whether SHM_DIR is a memory filesystem, where a mapping's device and inode in
-    /proc/PID/maps are the file's own (an overlay filesystem shows the layer's below)."""
-    try:
-        with open("/proc/self/mounts") as mounts:
-            types = [fields[2] for fields in (line.split() for line in mounts)
-                     if len(fields) > 2 and fields[1] == _memory.SHM_DIR]
-    except OSError:
-        return False
-    return bool(types) and types[-1] in ("tmpfs", "ramfs")
-
-
 def _describe(path: str) -> Dict[str, Any]:
     # Not following a symlink, not waiting on a FIFO: only a regular file is read.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -191,7 +139,8 @@ def _describe(path: str) -> Dict[str, Any]:
     # no longer maps it is gone whatever its pid says; elsewhere (an overlay filesystem names
     # the file differently there) the pid and its start time decide alone.
     identity = ((status_of_file.st_dev, status_of_file.st_ino)
-                if os.path.dirname(path) == _memory.SHM_DIR and _shm_dir_is_tmpfs() else None)
+                if os.path.dirname(path) == _memory.SHM_DIR
+                and _proc.is_memory_filesystem(_memory.SHM_DIR) else None)
     try:
         # Beyond the layout, the segment is only checked arithmetically.
         header, layout = _layout.read(data, size, path)

@@ -1,20 +1,27 @@
 """What /proc says about processes and threads, in one place: whether a pid is alive, who it
-is (its start time, so that a reused pid is not taken for the owner), whether it is a zombie,
+is (its start time, so that a reused pid is not taken for the owner), whether it is a zombie
+(or only its main thread is), whether it still maps a file, which filesystem a directory is,
 and which pid namespace and boot a pid means something in."""
 
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 
-def _proc_stat(pid: int) -> Optional[List[bytes]]:
-    """Fields of /proc/PID/stat after the command name (state first), or None."""
+def _proc_stat(pid: int, task: Optional[int] = None) -> Optional[List[bytes]]:
+    """Fields of /proc/PID/stat (or of its thread `task`) after the command name (state
+    first), or None."""
+    path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
+        with open(path, "rb") as stat:
             return stat.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def _exited(fields: Optional[List[bytes]]) -> bool:
+    return fields is not None and bool(fields) and fields[0] in (b"Z", b"X")
 
 
 def process_start_time(pid: int) -> Optional[int]:
@@ -28,8 +35,63 @@ def process_start_time(pid: int) -> Optional[int]:
 
 def process_is_zombie(pid: int) -> bool:
     """True when `pid` has exited but was not reaped yet (state Z or X): it holds nothing."""
-    fields = _proc_stat(pid)
-    return fields is not None and bool(fields) and fields[0] in (b"Z", b"X")
+    return _exited(_proc_stat(pid))
+
+
+def has_live_task(pid: int) -> bool:
+    """Whether a thread of process `pid` has not exited: its main thread, or another one when
+    the main thread called pthread_exit (the pid is then a zombie while the others run on)."""
+    if not process_is_zombie(pid):
+        return True
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        if task.isdigit() and int(task) != pid:
+            fields = _proc_stat(pid, int(task))
+            if fields and not _exited(fields):
+                return True
+    return False
+
+
+def maps_file(pid: int, identity: Tuple[int, int]) -> bool:
+    """Whether process `pid` maps the file (st_dev, st_ino) `identity`, as any of its threads
+    sees it. False only on evidence: a thread's mappings, read and not empty, without the file
+    (a process that exec'd another program). A thread that is exiting has none left to show,
+    and mappings that cannot be read (not ours, or gone) prove nothing: both count as mapping
+    it, so that an owner is never called dead on them."""
+    device = f"{os.major(identity[0]):02x}:{os.minor(identity[0]):02x}".encode()
+    inode = str(identity[1]).encode()
+    try:
+        tasks = [task for task in os.listdir(f"/proc/{pid}/task") if task.isdigit()]
+    except OSError:
+        return True
+    seen_mappings = False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/maps", "rb") as source:
+                for line in source:
+                    fields = line.split(None, 5)
+                    if len(fields) >= 5:
+                        seen_mappings = True
+                        if fields[4] == inode and fields[3] == device:
+                            return True
+        except OSError:
+            return True
+    return not seen_mappings
+
+
+def is_memory_filesystem(directory: str) -> bool:
+    """Whether `directory` is mounted as tmpfs or ramfs, where a mapping's device and inode in
+    /proc/PID/maps are the file's own (an overlay filesystem shows the layer's below)."""
+    try:
+        with open("/proc/self/mounts") as mounts:
+            types = [fields[2] for fields in (line.split() for line in mounts)
+                     if len(fields) > 2 and fields[1] == directory]
+    except OSError:
+        return False
+    return bool(types) and types[-1] in ("tmpfs", "ramfs")
 
 
 def pid_namespace() -> Optional[str]:
