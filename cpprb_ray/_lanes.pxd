@@ -39,6 +39,9 @@ cdef struct LaneAdd:
     uint64_t* cache_writes   # in/out: the lane's `writes` when `cache` was taken (0: none)
     int32_t* plan            # scratch: 2 * count int32 (fillers, link) per transition
     bint incomplete          # N-step: the rows wait for lanes_complete (not sampled till then)
+    # Rows the rate limiter must admit first (0: no check); N-step: the rows the add will
+    # complete (they are counted when completed).
+    int64_t admit
     int64_t* out_slots       # each row's slot (NULL: not wanted)
     uint64_t* out_generations  # each row's generation as written (with out_slots)
 

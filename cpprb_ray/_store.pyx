@@ -430,7 +430,7 @@ cdef struct LaneSample:
 
 cdef int64_t lane_add_kernel(StoreView* view, void* arguments) noexcept nogil:
     cdef LaneAdd* a = <LaneAdd*>arguments
-    if view.limited and not store_admits(view, SIDE_INSERT, a.count):
+    if view.limited and a.admit > 0 and not store_admits(view, SIDE_INSERT, a.admit):
         return ST_RATE_LIMITED
     return lanes_add(view, a)
 
@@ -453,7 +453,12 @@ cdef int64_t lane_sample_kernel(StoreView* view, void* arguments) noexcept nogil
     return result
 
 cdef int64_t lane_complete_kernel(StoreView* view, void* arguments) noexcept nogil:
-    return lanes_complete(view, <LaneComplete*>arguments)
+    # Admitted and counted in one locked call, as a plain add's rows are: an N-step add's
+    # lane write only waited until these rows could go (add_lanes' `admit`).
+    cdef LaneComplete* a = <LaneComplete*>arguments
+    if view.limited and not store_admits(view, SIDE_INSERT, a.count):
+        return ST_RATE_LIMITED
+    return lanes_complete(view, a)
 
 cdef int64_t lane_claim_kernel(StoreView* view, void* arguments) noexcept nogil:
     return lanes_claim(view, <LaneClaim*>arguments)
@@ -1479,7 +1484,7 @@ cdef class ReplayStore:
 
     def add_lanes(self, int64_t lane, uint64_t token, int64_t count, list values, list stacks,
                   priorities, uint64_t[::1] cache_writes, timeout=None, bint incomplete=False,
-                  out_slots=None, out_generations=None):
+                  out_slots=None, out_generations=None, int64_t admit=-1):
         """Add `count` transitions to `lane` (which the handle with `token` owns); returns the
         first slot written.
 
@@ -1488,7 +1493,10 @@ cdef class ReplayStore:
         C-contiguous: `count` stacks, `count` next stacks, and the writer's one cached stack.
         `priorities`: None or `count` float64. `cache_writes`: the writer's cache key (in/out).
         `incomplete`: N-step rows that complete_lanes finishes later; `out_slots` (int64) and
-        `out_generations` (uint64), `count` each: where each row went, as written.
+        `out_generations` (uint64), `count` each: where each row went, as written. `admit`:
+        how many rows the rate limiter must let go before anything is written (-1: `count`;
+        with `incomplete`, the rows the N-step add will complete, which complete_lanes admits
+        and counts again: this wait only keeps a held-back add from writing its steps).
         """
         cdef double seconds = as_timeout(timeout)
         cdef LaneAdd arguments
@@ -1507,6 +1515,11 @@ cdef class ReplayStore:
             if count < 1 or len(values) != n or len(stacks) != self.frame_count:
                 raise ValueError("add_lanes needs one value per column and one stack entry per "
                                  "frame column")
+            if admit < 0:
+                admit = count
+            elif not incomplete and admit != count:
+                raise ValueError(f"admit must be {count} (every row) for complete rows; got "
+                                 f"{admit}")
             sources = <const uint8_t**>malloc(n * sizeof(uint8_t*))
             plan = <int32_t*>malloc(2 * count * sizeof(int32_t))
             if sources == NULL or plan == NULL:
@@ -1548,7 +1561,9 @@ cdef class ReplayStore:
                 self.weigh(&given[0], weights, count, "priorities")
                 arguments.priorities = &given[0]
                 arguments.weights = weights
-            self.check_admissible(SIDE_INSERT, count, "add")
+            if admit:
+                self.check_admissible(SIDE_INSERT, admit, "add")
+            arguments.admit = admit
             arguments.lane = lane
             arguments.token = token
             arguments.count = count
@@ -1566,8 +1581,8 @@ cdef class ReplayStore:
                                                                 "out_generations")
                 if out_slots.dtype != _INT64 or out_generations.dtype != _UINT64:
                     raise ValueError("out_slots must be int64 and out_generations uint64")
-            rate_start(&rate, SIDE_INSERT, count, seconds)
-            return self.run(lane_add_kernel, &arguments, &rate)
+            rate_start(&rate, SIDE_INSERT, admit, seconds)
+            return self.run(lane_add_kernel, &arguments, &rate if admit else NULL)
         finally:
             free(sources)
             free(plan)
@@ -1650,12 +1665,15 @@ cdef class ReplayStore:
             self.leave()
 
     def complete_lanes(self, slots, generations, last_slots, last_generations, list values,
-                       priorities=None):
+                       priorities=None, timeout=None):
         """Complete N-step rows add_lanes(incomplete=True) wrote: `values` per store column
         (`count` values as a C-contiguous array of its dtype, or None to keep what the add
         wrote); each row's next stack ends at its `last_slots` entry. All arrays C-contiguous
         (int64 slots, uint64 generations). Returns how many rows were completed (the others
-        were overwritten, cleared or torn since)."""
+        were overwritten, cleared or torn since). With a rate limiter the `count` rows go as
+        one add: held back up to `timeout` (TimeoutError, nothing completed)."""
+        cdef double seconds = as_timeout(timeout)
+        cdef RateCall rate
         cdef LaneComplete arguments
         cdef int n = self.columns.count, c
         cdef int64_t count = len(slots)
@@ -1704,7 +1722,9 @@ cdef class ReplayStore:
             arguments.last_generations = <const uint64_t*>bytes_of(last_generations, count * 8,
                                                                    "last_generations")
             arguments.sources = sources
-            return self.run(lane_complete_kernel, &arguments, NULL)
+            self.check_admissible(SIDE_INSERT, count, "add")
+            rate_start(&rate, SIDE_INSERT, count, seconds)
+            return self.run(lane_complete_kernel, &arguments, &rate)
         finally:
             free(sources)
             free(weights)

@@ -616,20 +616,24 @@ class ReplayBuffer:
         return None if first is None else int(first)
 
     def _lane_steps(self, steps: Dict[str, np.ndarray], count: int, slots: np.ndarray,
-                    generations: np.ndarray, timeout: Optional[float] = None) -> None:
+                    generations: np.ndarray, timeout: Optional[float] = None,
+                    admit: int = 0) -> None:
         """N-step in a laned buffer: write staged steps as rows that wait for their windows
         (never sampled before _complete_rows), so that their frames are in the lane in order;
-        each row's slot and generation go to `slots` and `generations`."""
+        each row's slot and generation go to `slots` and `generations`. A rate limiter holds
+        the write back (up to `timeout`) until it would admit the `admit` rows the add then
+        completes, so that an add it holds back writes nothing."""
         self._lanes.add(steps, None, timeout, incomplete=True,  # type: ignore[union-attr]
-                        out=(slots, generations), count=count)
+                        out=(slots, generations), count=count, admit=admit)
 
     def _complete_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
                        slots: np.ndarray, generations: np.ndarray, last_slots: np.ndarray,
-                       last_generations: np.ndarray) -> int:
+                       last_generations: np.ndarray, timeout: Optional[float] = None) -> int:
         """N-step in a laned buffer: the rows of `slots` get their n-step columns and their
-        next stacks (those ending at `last_slots`); returns the first row's slot."""
+        next stacks (those ending at `last_slots`), admitted by a rate limiter as one add (up
+        to `timeout`); returns the first row's slot."""
         self._lanes.complete(rows, priorities, slots, generations,  # type: ignore[union-attr]
-                             last_slots, last_generations)
+                             last_slots, last_generations, timeout)
         return int(slots[0])
 
     # -- sample -------------------------------------------------------------------------------

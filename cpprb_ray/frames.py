@@ -378,16 +378,18 @@ class LaneWriter:
 
     def add(self, columns: Dict[str, Any], priorities: Any, timeout: Optional[float], *,
             incomplete: bool = False, out: Optional[Tuple[np.ndarray, np.ndarray]] = None,
-            count: int = -1) -> int:
+            count: int = -1, admit: int = 0) -> int:
         """Add rows (returns the first row's slot). `incomplete`: N-step rows that wait for
         complete() (`columns` then are the staging's arrays, `count` rows of every public
-        column but those N-step derives, of exact dtypes); `out`: (slots, generations) to fill."""
+        column but those N-step derives, of exact dtypes; `admit`: the rows the N-step add will
+        complete, which a rate limiter must be ready to take before anything is written);
+        `out`: (slots, generations) to fill."""
         if incomplete:
             staged = {name: np.ascontiguousarray(columns[name]) for name in columns}
             for column in self._stored:
                 if column.name not in staged and column.name not in self._framed:
                     staged[column.name] = np.zeros((count,) + column.shape, dtype=column.dtype)
-            return self._write(staged, count, None, timeout, True, out)
+            return self._write(staged, count, None, timeout, True, out, admit)
         if len(columns) != len(self._public_names) or set(columns) != self._public_names:
             raise _rules.columns_error(self._public_names, columns)
         staged = {}
@@ -408,7 +410,7 @@ class LaneWriter:
 
     def _write(self, staged: Dict[str, np.ndarray], count: int, priorities: Any,
                timeout: Optional[float], incomplete: bool,
-               out: Optional[Tuple[np.ndarray, np.ndarray]]) -> int:
+               out: Optional[Tuple[np.ndarray, np.ndarray]], admit: int = 0) -> int:
         chunk = self._chunk_size
         if count > chunk and not incomplete and self._store.limiter_record() is not None:
             # Several kernel calls, each admitted by the rate limiter on its own: a TimeoutError
@@ -429,15 +431,18 @@ class LaneWriter:
                 lane, self._token, stop - start, values, stacks,
                 None if priorities is None else priorities[start:stop], self._cache_writes,
                 timeout, incomplete, None if out is None else out[0][start:stop],
-                None if out is None else out[1][start:stop])
+                None if out is None else out[1][start:stop],
+                # Incomplete steps: the first piece waits for the whole add's rows, if any.
+                (admit if start == 0 else 0) if incomplete else stop - start)
             if first < 0:
                 first = slot
         return first
 
     def complete(self, rows: Mapping[str, np.ndarray], priorities: Optional[np.ndarray],
                  slots: np.ndarray, generations: np.ndarray, last_slots: np.ndarray,
-                 last_generations: np.ndarray) -> int:
-        """Complete N-step rows: `rows` has their n-step columns (others are kept as added)."""
+                 last_generations: np.ndarray, timeout: Optional[float] = None) -> int:
+        """Complete N-step rows: `rows` has their n-step columns (others are kept as added).
+        A rate limiter admits them as one add, waiting up to `timeout`."""
         values = [None if c.name in self._framed or c.name not in rows
                   else np.ascontiguousarray(rows[c.name], dtype=c.dtype) for c in self._stored]
         return int(self._store.complete_lanes(
@@ -445,7 +450,8 @@ class LaneWriter:
             np.ascontiguousarray(generations, dtype=np.uint64),
             np.ascontiguousarray(last_slots, dtype=np.int64),
             np.ascontiguousarray(last_generations, dtype=np.uint64), values,
-            None if priorities is None else np.ascontiguousarray(priorities, dtype=np.float64)))
+            None if priorities is None else np.ascontiguousarray(priorities, dtype=np.float64),
+            timeout))
 
     # -- sample -----------------------------------------------------------------------------
 

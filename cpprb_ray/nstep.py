@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -580,7 +581,10 @@ class NstepStaging:
                 priority = (np.nan if priorities is None
                             else sink._step_priorities(priorities, 1)[0])
                 if self._laned:
-                    self._write_steps(sink, tail, tail + 1, timeout)
+                    done = bool(self._scalars[DONE][tail])
+                    timeout = self._write_steps(
+                        sink, tail, tail + 1, timeout,
+                        self._ready(tail if done else -1, tail + 1) - self._head)
                 self._priorities[tail] = priority
                 if not self._scalars[DONE][tail]:
                     if tail + 1 - self._head < self._size:
@@ -602,20 +606,39 @@ class NstepStaging:
             new_tail = tail + count
             for name, array in zip(self._names, arrays):
                 self._storage[name][tail:new_tail] = array
-            if self._laned:
-                self._write_steps(sink, tail, new_tail, timeout)
-            self._priorities[tail:new_tail] = np.nan if priorities is None else priorities
             ends = tail + np.flatnonzero(arrays[self._done_index].reshape(-1))
+            if self._laned:
+                timeout = self._write_steps(
+                    sink, tail, new_tail, timeout,
+                    self._ready(int(ends[-1]) if ends.shape[0] else -1, new_tail) - self._head)
+            self._priorities[tail:new_tail] = np.nan if priorities is None else priorities
             return self._commit_ready(sink, ends, new_tail, timeout)
         finally:
             self._lock.release()
 
-    def _write_steps(self, sink: Any, start: int, stop: int, timeout: Optional[float]) -> None:
+    def _ready(self, last_end: int, new_tail: int) -> int:
+        """Where the steps whose windows are complete end once the staging reaches
+        `new_tail`: past the last episode end (`last_end`, -1 for none) and every step with n
+        steps after it. The one rule for what an add commits (see _commit_ready)."""
+        return max(self._head, last_end + 1, new_tail - self._size + 1)
+
+    def _write_steps(self, sink: Any, start: int, stop: int, timeout: Optional[float],
+                     rows: int) -> Optional[float]:
         """(Laned) Put staged steps start..stop-1 into the lane as rows that wait for their
-        windows; their slots and generations go beside them in the staging."""
+        windows; their slots and generations go beside them in the staging. A rate limiter
+        holds the write back until it would admit the `rows` rows the add completes (so a
+        held-back add writes nothing); the completion is then admitted and counted as one add
+        (another writer may have taken the room meanwhile). Returns what is left of
+        `timeout` for that completion."""
         storage = self._storage
+        started = time.monotonic()
         sink._lane_steps({name: storage[name][start:stop] for name in self._names}, stop - start,
-                         storage[_SLOT][start:stop], storage[_GENERATION][start:stop], timeout)
+                         storage[_SLOT][start:stop], storage[_GENERATION][start:stop], timeout,
+                         rows)
+        seconds = _rules.as_timeout(timeout)
+        if seconds < 0.0:
+            return None
+        return max(0.0, seconds - (time.monotonic() - started))
 
     def _commit(self, sink: Any, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
                 timeout: Optional[float], head: int, ready: int, lasts: np.ndarray) -> Any:
@@ -626,7 +649,7 @@ class NstepStaging:
         storage = self._storage
         return sink._complete_rows(rows, priorities, storage[_SLOT][head:ready],
                                    storage[_GENERATION][head:ready], storage[_SLOT].take(lasts),
-                                   storage[_GENERATION].take(lasts))
+                                   storage[_GENERATION].take(lasts), timeout)
 
     def _stage_one(self, values: Mapping[str, Any], tail: int) -> bool:
         """Write one step at `tail` when every value is a Python or numpy scalar (one-number
@@ -771,8 +794,7 @@ class NstepStaging:
         after them; keep the rest (at most n - 1) staged. Rolls nothing forward on failure."""
         head = self._head
         size = self._size
-        last_end = int(ends[-1]) if ends.shape[0] else -1
-        ready = max(head, last_end + 1, new_tail - size + 1)
+        ready = self._ready(int(ends[-1]) if ends.shape[0] else -1, new_tail)
         if ready == head:
             self._tail = new_tail
             if self._capacity > _LARGE:

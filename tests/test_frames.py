@@ -329,6 +329,59 @@ def test_nstep_rows_equal_those_of_a_buffer_without_frames(cls, backend):
         assert tree_problems(rb._store.check_tree()) == []
 
 
+def test_nstep_adds_under_a_rate_limiter_keep_the_window_and_lose_no_row():
+    # Framed N-step steps go into the lane (in pieces of at most 8 here) before their rows
+    # complete. The limiter used to admit each piece on its own, not the rows the add
+    # completes, and a batch went in past max_diff. Now: every held-back add changes nothing
+    # (stored rows, inserts, staged steps), the diff never passes max_diff, and the rows are
+    # those of a twin buffer without frames or a limiter that got only the admitted adds.
+    from cpprb_ray.rate_limiters import SampleToInsertRatio
+    spec = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
+    env = dict(streams.ENV, next_obs=streams.ENV["obs"])
+    limiter = SampleToInsertRatio(1.0, 1, (-1.0, 12.0))
+    random = np.random.default_rng(3)
+    with make(ReplayBuffer, 256, "auto", Nstep=spec, rate_limiter=limiter) as rb, \
+            ReplayBuffer(4096, env, Nstep=spec) as twin:
+        source = streams.Stream(0, 12)
+        held_back = 0
+        for _ in range(120):
+            rows = source.transitions(int(random.integers(1, 13)))
+            before = (rb.get_stored_size(), rb.stats()["inserts"], rb.stats()["nstep_staged"])
+            try:
+                rb.add(timeout=0, **rows)
+            except TimeoutError:
+                held_back += 1
+                assert (rb.get_stored_size(), rb.stats()["inserts"],
+                        rb.stats()["nstep_staged"]) == before
+                while True:          # the learner samples (what min_diff lets it) until it goes
+                    room = int(rb.stats()["rate_limiter"]["diff"]) + 1
+                    rb.sample(min(room, int(random.integers(2, 5))), timeout=0)
+                    try:
+                        rb.add(timeout=0, **rows)
+                        break
+                    except TimeoutError:
+                        pass
+            twin.add(**rows)
+            state = rb.stats()["rate_limiter"]
+            assert state["diff"] <= 12.0, state
+        assert held_back > 10
+        while True:
+            try:
+                rb.on_episode_end(timeout=0)
+                break
+            except TimeoutError:
+                rb.sample(1, timeout=0)
+        twin.on_episode_end()
+        ours = rb.get_all_transitions()
+        theirs = twin.get_all_transitions()
+        by_act = {int(a): k for k, a in enumerate(theirs["act"].ravel())}
+        assert len(ours["act"]) == rb.get_stored_size() > 100
+        for k, act in enumerate(ours["act"].ravel()):
+            other = by_act[int(act)]
+            for name in ours:
+                assert (ours[name][k] == theirs[name][other]).all(), (name, int(act))
+
+
 def test_python_numbers_go_in_by_the_rules_of_every_add():
     # Python numbers take a fast path into exact columns; anything else follows the same
     # same_kind rule as a plain buffer's add (a TypeError naming the column, nothing added).

@@ -612,9 +612,14 @@ def test_killing_writers_while_the_learner_waits():
 NSTEP = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
 
 
-def test_nstep_add_held_back_leaves_the_staging_as_it_was():
+# A laned buffer stages N-step steps in its lane before their rows complete: the same rules.
+LANED = [{}, {"lanes": 1}]
+
+
+@pytest.mark.parametrize("lanes", LANED, ids=["plain", "laned"])
+def test_nstep_add_held_back_leaves_the_staging_as_it_was(lanes):
     limiter = SampleToInsertRatio(1.0, 1, (-2.0, 2.0))    # at most 2 inserts ahead of samples
-    with PrioritizedReplayBuffer(32, ENV, Nstep=NSTEP, rate_limiter=limiter) as rb:
+    with PrioritizedReplayBuffer(32, ENV, Nstep=NSTEP, rate_limiter=limiter, **lanes) as rb:
         steps = [batch_of(1, k) for k in range(6)]
         for step in steps[:4]:     # commits rows for steps 0 and 1 (their windows filled)
             rb.add(**{key: value[0] for key, value in step.items()}, timeout=0)
@@ -638,6 +643,38 @@ def test_nstep_add_held_back_leaves_the_staging_as_it_was():
         rb.sample(2)
         rb.on_episode_end(timeout=0)
         assert rb.get_stored_size() == 5 and rb.stats()["nstep_staged"] == 0
+
+
+@pytest.mark.parametrize("lanes", LANED, ids=["plain", "laned"])
+def test_an_nstep_batch_is_admitted_whole_by_the_rows_it_completes(lanes):
+    # 20 more steps complete 20 rows (2 were staged); with 12 inserts and max_diff 30 they do
+    # not fit.
+    # A laned buffer writes its steps to the lane in pieces (8 here) and completes the rows
+    # after: each piece used to be admitted on its own against inserts that did not count
+    # the others, and all 20 rows went in (32 inserts, past max_diff). Now the write waits
+    # for room for the 20 rows the batch completes, and their completion is admitted and
+    # counted as one add.
+    limiter = SampleToInsertRatio(1.0, 1, (-1.0, 30.0))
+    with ReplayBuffer(64, ENV, Nstep=NSTEP, rate_limiter=limiter, **lanes) as rb:
+        rb.add(**batch_of(14), timeout=0)
+        assert rb.get_stored_size() == 12 and rb.stats()["inserts"] == 12
+        with pytest.raises(TimeoutError, match="add of 20 rows held back"):
+            rb.add(**batch_of(20, 14), timeout=0)
+        assert rb.get_stored_size() == 12 and rb.stats()["inserts"] == 12
+        assert rb.stats()["nstep_staged"] == 2
+        sample(rb, 3)                 # diff 9: room for 21 more rows
+        rb.add(**batch_of(20, 14), timeout=0)
+        assert rb.get_stored_size() == 32 and rb.stats()["inserts"] == 32
+        rows = rb.get_all_transitions()
+        assert rows["act"].ravel().tolist() == list(range(32))
+        assert rows["rew"].ravel()[-1] == pytest.approx(15.5 + 0.5 * 16 + 0.25 * 16.5)
+        # The episode's end completes the 2 staged rows: diff 29, past max_diff until a sample.
+        with pytest.raises(TimeoutError, match="add of 2 rows held back"):
+            rb.on_episode_end(timeout=0)
+        assert rb.get_stored_size() == 32 and rb.stats()["nstep_staged"] == 2
+        sample(rb, 1)                 # diff 28: room for 2
+        rb.on_episode_end(timeout=0)
+        assert rb.get_stored_size() == 34 and rb.stats()["inserts"] == 34
 
 
 def held_back_nstep_add(rb, outcome, timeout):
