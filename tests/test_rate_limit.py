@@ -677,6 +677,43 @@ def test_an_nstep_batch_is_admitted_whole_by_the_rows_it_completes(lanes):
         assert rb.get_stored_size() == 34 and rb.stats()["inserts"] == 34
 
 
+def test_an_nstep_completion_that_loses_its_room_to_another_writer_keeps_the_staging():
+    # Between an N-step add's lane write (admitted: room for its 2 rows) and their completion,
+    # another writer takes the room. The completion is held back: TimeoutError, the staging as
+    # before the call, and the steps written stay in the lane as rows that never complete;
+    # the same steps given again go in exact, and no row of either writer is lost. The other
+    # writer's add runs at that point through the handle's own completion method (the one
+    # place the interleaving can be made deterministic); everything else is the real buffer.
+    limiter = SampleToInsertRatio(1.0, 1, (-1.0, 10.0))
+    with ReplayBuffer(64, ENV, Nstep=NSTEP, rate_limiter=limiter, lanes=2) as rb, \
+            ReplayBuffer.attach(rb.name) as other:
+        rb.add(**batch_of(6), timeout=0)                    # rows 0..3, steps 4 and 5 staged
+        other.add(**batch_of(6, 100), timeout=0)           # rows 100..103: 8 inserts
+        complete = rb._complete_rows
+
+        def racing(*args, **kwargs):
+            other.add(**batch_of(1, 106), timeout=0)       # row 104: 9 inserts, 2 too many
+            return complete(*args, **kwargs)
+
+        rb._complete_rows = racing
+        with pytest.raises(TimeoutError, match="add of 2 rows held back"):
+            rb.add(**batch_of(2, 6), timeout=0)
+        del rb._complete_rows
+        assert rb.stats()["inserts"] == 9 and rb.stats()["nstep_staged"] == 2
+        assert sorted(rb.get_all_transitions()["act"].ravel().tolist()) == [
+            0, 1, 2, 3, 100, 101, 102, 103, 104]
+        sample(rb, 4)
+        rb.add(**batch_of(2, 6), timeout=0)                 # the same steps again
+        sample(rb, 4)
+        rb.on_episode_end(timeout=0)
+        other.on_episode_end(timeout=0)
+        rows = rb.get_all_transitions()
+        assert sorted(rows["act"].ravel().tolist()) == list(range(8)) + list(range(100, 107))
+        by_act = {int(a): k for k, a in enumerate(rows["act"].ravel())}
+        assert rows["rew"][by_act[5], 0] == pytest.approx(2.5 + 0.5 * 3.0 + 0.25 * 3.5)
+        assert (rows["next_obs"][by_act[5]] == batch_of(1, 7)["next_obs"][0]).all()
+
+
 def held_back_nstep_add(rb, outcome, timeout):
     """In a thread: one N-step add of the next step that the limiter holds back."""
     step = {key: value[0] for key, value in batch_of(1, 9).items()}
