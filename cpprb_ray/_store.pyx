@@ -45,7 +45,7 @@ from cpprb_ray._core cimport (HEADER_BYTES, LAYOUT_AT, MUTEX_AT, OP_NONE, ST_ALL
                               ST_RATE_LIMITED, VERSION, Header, Lane, StoreView, store_add,
                               store_admits, store_clear, store_draw, store_dump, store_lock,
                               store_restore, store_sample, store_snapshot, store_unlock,
-                              store_update, view_bind)
+                              store_update, view_bind, lane_start)
 from cpprb_ray._lanes cimport (MAX_FRAME_COLUMNS, ST_NO_LANE, FrameColumn, LaneAdd, LaneClaim,
                                LaneComplete, lanes_add, lanes_claim, lanes_complete,
                                lanes_gather, lanes_live, lanes_release)
@@ -1451,6 +1451,22 @@ cdef class ReplayStore:
             table[lane, 2] = self.view.lanes[lane].owner_token
             table[lane, 3] = self.view.lanes[lane].spare0
         return owners
+
+    def lane_next_slots(self):
+        """(lanes,) int64: the slot each lane writes next (its first slot plus its head), read
+        without the lock (each head one aligned load)."""
+        self.header()
+        if self.view.lanes == NULL:
+            raise ValueError("lane_next_slots needs a laned buffer")
+        slots = np.empty(self.view.lane_count, dtype=np.int64)
+        cdef int64_t[::1] table = slots
+        cdef int64_t lane, first, size
+        for lane in range(self.view.lane_count):
+            first = lane_start(&self.view, lane)
+            size = lane_start(&self.view, lane + 1) - first
+            # A damaged head (the lock's repair checks it) still names a slot of the lane.
+            table[lane] = first + <int64_t>(self.view.lanes[lane].head % <uint64_t>size)
+        return slots
 
     def claim_lane(self, uint64_t pid, uint64_t start, uint64_t token, uint64_t pidns, dead):
         """A free lane, or one of `dead` ((lanes, 4) uint64: lane, pid, start, token of owners

@@ -552,7 +552,8 @@ class ReplayBuffer:
         return self._layout.capacity
 
     def get_next_index(self) -> int:
-        """Slot the next add writes first.
+        """Slot the next add writes first (a laned buffer: the next slot of this handle's lane,
+        or before its first add of the lane it would claim now).
 
         Examples
         --------
@@ -565,6 +566,8 @@ class ReplayBuffer:
         3
         1
         """
+        if self._lanes is not None:
+            return self._lanes.next_slot()
         return int(self._store.next_index)
 
     def __len__(self) -> int:

@@ -304,6 +304,16 @@ class LaneWriter:
         """The lane this handle writes (None before its first add)."""
         return self._lane if self._pid == os.getpid() else None
 
+    def next_slot(self) -> int:
+        """The slot this handle's next add writes first: its lane's next slot; before its
+        first add, that of the lane it would claim now (the lowest free one, or lane 0 when
+        none is free: its add then takes a dead owner's lane or raises LaneError)."""
+        lane = self.lane
+        if lane is None:
+            free = np.flatnonzero(self._store.lane_owners()[:, 0] == 0)
+            lane = int(free[0]) if free.size else 0
+        return int(self._store.lane_next_slots()[lane])
+
     # -- lanes ------------------------------------------------------------------------------
 
     def _claim(self) -> int:

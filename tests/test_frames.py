@@ -382,6 +382,28 @@ def test_nstep_adds_under_a_rate_limiter_keep_the_window_and_lose_no_row():
                 assert (ours[name][k] == theirs[name][other]).all(), (name, int(act))
 
 
+def test_get_next_index_names_the_slot_a_laned_add_writes_first():
+    # It used to be 0 whatever a laned buffer held (the plain ring's index, unused there).
+    with ReplayBuffer(256, {"obs": {}}, lanes=2) as rb, ReplayBuffer.attach(rb.name) as view:
+        assert rb.get_next_index() == 0 and view.get_next_index() == 0   # lane 0 is free
+        for handle, count in ((rb, 3), (rb, 5), (rb, 1)):
+            expected = handle.get_next_index()
+            assert handle.add(obs=np.arange(float(count))) == expected
+        assert rb.get_next_index() == 9
+        assert view.get_next_index() == 128           # lane 1, the one it would claim now
+        assert view.add(obs=[1.0, 2.0]) == 128 and view.get_next_index() == 130
+        assert rb.add(obs=np.arange(119.0)) == 9 and rb.get_next_index() == 0    # lane 0 wraps
+    with make(ReplayBuffer, 64, "auto") as rb:     # frames: a continuing stream needs no filler
+        source = streams.Stream(0, 5, glitches=False)
+        rb.add(**source.transitions(1))
+        for _ in range(5):
+            expected = rb.get_next_index()
+            if source.step == 0:                        # a new episode starts with fillers
+                assert rb.add(**source.transitions(1)) > expected
+            else:
+                assert rb.add(**source.transitions(1)) == expected
+
+
 def test_python_numbers_go_in_by_the_rules_of_every_add():
     # Python numbers take a fast path into exact columns; anything else follows the same
     # same_kind rule as a plain buffer's add (a TypeError naming the column, nothing added).
