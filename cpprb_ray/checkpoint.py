@@ -18,13 +18,14 @@ against this version's rules, and only then makes a new buffer and restores the 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import stat
 import struct
 import zipfile
 import zlib
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
@@ -105,16 +106,17 @@ def check_target(path: str) -> None:
                          f"saving there would take its name from the buffer; save elsewhere")
 
 
-def _open_regular(file: Any, path: str) -> Any:
+def _open_regular(path: str, refusal: Callable[[str], Exception]) -> Any:
     """`path` opened for reading, without blocking on a FIFO; IsADirectoryError for a
-    directory, a refusal for anything else that is not a regular file."""
+    directory, `refusal(kind)` for anything else that is not a regular file. The check is
+    made on what was opened (fstat), so nothing can be swapped in between."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         if not stat.S_ISREG(mode):
-            raise refused(file, f"it is a {_kind_of(mode)}, not a regular file")
+            raise refusal(_kind_of(mode))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb", buffering=0)
     except BaseException:
@@ -193,7 +195,8 @@ def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
     ...
     ValueError: '...state.ckpt' is not a loadable cpprb_ray checkpoint: the payload's checksum ...
     """
-    with _open_regular(file, path_of(file)) as handle:
+    with _open_regular(path_of(file),
+                       lambda kind: refused(file, f"it is a {kind}, not a regular file")) as handle:
         size = os.fstat(handle.fileno()).st_size
         prefix = _read_exactly(handle, min(size, _PREFIX.size))
         if len(prefix) < _PREFIX.size:
@@ -542,8 +545,9 @@ def read_transitions(file: Any) -> Tuple[Dict[str, np.ndarray], bool]:
     a ValueError naming the file. A file that cannot be opened gives open()'s OSError."""
     if not (hasattr(file, "read") and hasattr(file, "seek")):
         path = path_of(file, _TRANSITIONS_FILE)
-        _regular_or_absent(path)
-        with open(path, "rb") as handle:   # OSError of open() as it is
+        raw = _open_regular(path, lambda kind: ValueError(
+            f"file {path!r} is a {kind}, not a regular file"))
+        with io.BufferedReader(raw) as handle:   # zipfile reads in small pieces
             return _read_transitions(handle, file)
     return _read_transitions(file, file)
 
