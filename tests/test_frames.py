@@ -27,6 +27,18 @@ def make(cls, size, backend, **options):
     return cls(size, streams.ENV, backend=backend, seed=1, **dict(FRAMED, **options))
 
 
+def assert_rows_among(ours, theirs):
+    """Assert that every row of one buffer's get_all_transitions() is, column for column, the
+    row of the same (unique) act in a reference's; returns act -> row of theirs."""
+    assert sorted(ours) == sorted(theirs)
+    by_act = {int(a): k for k, a in enumerate(theirs["act"].ravel())}
+    for k, act in enumerate(ours["act"].ravel()):
+        other = by_act[int(act)]
+        for name in ours:
+            assert (ours[name][k] == theirs[name][other]).all(), (name, int(act))
+    return by_act
+
+
 def add(rb, rows, random):
     if isinstance(rb, PrioritizedReplayBuffer):
         return rb.add(priorities=random.random(len(rows["act"])) + 0.1, **rows)
@@ -312,15 +324,9 @@ def test_nstep_rows_equal_those_of_a_buffer_without_frames(cls, backend):
             if round_ % 30 == 29:
                 batch = rb.sample(32)
                 assert (batch["discounts"] > 0).all()
-        ours = rb.get_all_transitions()
-        theirs = reference.get_all_transitions()
-        assert sorted(ours) == sorted(theirs)
-        by_act = {int(a): k for k, a in enumerate(theirs["act"].ravel())}
+        ours, theirs = rb.get_all_transitions(), reference.get_all_transitions()
+        by_act = assert_rows_among(ours, theirs)
         assert len(ours["act"]) == rb.get_stored_size() > 150
-        for k, act in enumerate(ours["act"].ravel()):
-            other = by_act[int(act)]
-            for name in ours:
-                assert (ours[name][k] == theirs[name][other]).all(), (name, int(act))
         batch = rb.sample(64)
         for k, act in enumerate(batch["act"].ravel()):
             other = by_act[int(act)]
@@ -373,13 +379,8 @@ def test_nstep_adds_under_a_rate_limiter_keep_the_window_and_lose_no_row():
                 rb.sample(1, timeout=0)
         twin.on_episode_end()
         ours = rb.get_all_transitions()
-        theirs = twin.get_all_transitions()
-        by_act = {int(a): k for k, a in enumerate(theirs["act"].ravel())}
+        assert_rows_among(ours, twin.get_all_transitions())
         assert len(ours["act"]) == rb.get_stored_size() > 100
-        for k, act in enumerate(ours["act"].ravel()):
-            other = by_act[int(act)]
-            for name in ours:
-                assert (ours[name][k] == theirs[name][other]).all(), (name, int(act))
 
 
 def test_get_next_index_names_the_slot_a_laned_add_writes_first():
