@@ -1452,6 +1452,14 @@ cdef class ReplayStore:
             table[lane, 3] = self.view.lanes[lane].spare0
         return owners
 
+    def generation_at(self, int64_t slot):
+        """The current generation of one slot (read without the lock: one aligned load; the
+        record's first field), what generations_of gives for many."""
+        self.header()
+        if not 0 <= slot < self.view.capacity:
+            raise IndexError(f"slot must be in [0, capacity {self.view.capacity}); got {slot}")
+        return (<const uint64_t*>(self.view.rows + slot * self.view.stride))[0]
+
     def lane_next_slots(self):
         """(lanes,) int64: the slot each lane writes next (its first slot plus its head), read
         without the lock (each head one aligned load)."""

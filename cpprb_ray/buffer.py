@@ -629,15 +629,21 @@ class ReplayBuffer:
         self._lanes.add(steps, None, timeout, incomplete=True,  # type: ignore[union-attr]
                         out=(slots, generations), count=count, admit=admit)
 
+    def _lane_rows_lost(self, slots: np.ndarray, generations: np.ndarray) -> bool:
+        """N-step in a laned buffer: whether the lane rows of staged steps are gone (a clear
+        since they were written), so that they must be written again."""
+        return self._lanes.rows_lost(slots, generations)  # type: ignore[union-attr]
+
     def _complete_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
                        slots: np.ndarray, generations: np.ndarray, last_slots: np.ndarray,
-                       last_generations: np.ndarray, timeout: Optional[float] = None) -> int:
+                       last_generations: np.ndarray,
+                       timeout: Optional[float] = None) -> Optional[int]:
         """N-step in a laned buffer: the rows of `slots` get their n-step columns and their
         next stacks (those ending at `last_slots`), admitted by a rate limiter as one add (up
-        to `timeout`); returns the first row's slot."""
-        self._lanes.complete(rows, priorities, slots, generations,  # type: ignore[union-attr]
-                             last_slots, last_generations, timeout)
-        return int(slots[0])
+        to `timeout`); returns the first row's slot, None when no row could be completed."""
+        done = self._lanes.complete(rows, priorities, slots,  # type: ignore[union-attr]
+                                    generations, last_slots, last_generations, timeout)
+        return int(slots[0]) if done else None
 
     # -- sample -------------------------------------------------------------------------------
 

@@ -304,6 +304,16 @@ class LaneWriter:
         """The lane this handle writes (None before its first add)."""
         return self._lane if self._pid == os.getpid() else None
 
+    def rows_lost(self, slots: np.ndarray, generations: np.ndarray) -> bool:
+        """Whether a run of rows this handle wrote (`slots`, as written with `generations`)
+        was wiped since by a clear() (from any handle), which moves every slot's generation
+        on: the first row tells (one load). A run longer than one piece overwrites its own
+        first rows as it is written; that is never reported (writing it again would do the
+        same)."""
+        if not len(slots) or len(slots) > self._chunk_size:
+            return False
+        return bool(self._store.generation_at(int(slots[0])) != generations[0])
+
     def next_slot(self) -> int:
         """The slot this handle's next add writes first: its lane's next slot; before its
         first add, that of the lane it would claim now (the lowest free one, or lane 0 when

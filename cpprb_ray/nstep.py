@@ -622,6 +622,20 @@ class NstepStaging:
         steps after it. The one rule for what an add commits (see _commit_ready)."""
         return max(self._head, last_end + 1, new_tail - self._size + 1)
 
+    def _rewrite_lost_steps(self, sink: Any, stop: int) -> None:
+        """(Laned) A clear() (from any handle) since staged steps head..stop-1 went into the
+        lane wiped their rows, and their windows would complete nothing (their slots'
+        generations moved on). Written again, before anything newer and in stream order (so
+        their frames are exact and compress as before), they commit after the clear, as a
+        plain ring's staged steps do. No limiter wait: they complete no row by themselves."""
+        head = self._head
+        storage = self._storage
+        if stop > head and sink._lane_rows_lost(storage[_SLOT][head:stop],
+                                                storage[_GENERATION][head:stop]):
+            sink._lane_steps({name: storage[name][head:stop] for name in self._names},
+                             stop - head, storage[_SLOT][head:stop],
+                             storage[_GENERATION][head:stop], None, 0)
+
     def _write_steps(self, sink: Any, start: int, stop: int, timeout: Optional[float],
                      rows: int) -> Optional[float]:
         """(Laned) Put staged steps start..stop-1 into the lane as rows that wait for their
@@ -631,6 +645,7 @@ class NstepStaging:
         (another writer may have taken the room meanwhile). Returns what is left of
         `timeout` for that completion."""
         storage = self._storage
+        self._rewrite_lost_steps(sink, start)
         started = time.monotonic()
         sink._lane_steps({name: storage[name][start:stop] for name in self._names}, stop - start,
                          storage[_SLOT][start:stop], storage[_GENERATION][start:stop], timeout,
@@ -647,6 +662,7 @@ class NstepStaging:
         if not self._laned:
             return sink._commit_rows(rows, priorities, timeout)
         storage = self._storage
+        self._rewrite_lost_steps(sink, int(lasts.max()) + 1)   # on_episode_end after a clear
         return sink._complete_rows(rows, priorities, storage[_SLOT][head:ready],
                                    storage[_GENERATION][head:ready], storage[_SLOT].take(lasts),
                                    storage[_GENERATION].take(lasts), timeout)

@@ -383,6 +383,34 @@ def test_nstep_adds_under_a_rate_limiter_keep_the_window_and_lose_no_row():
         assert len(ours["act"]) == rb.get_stored_size() > 100
 
 
+def test_nstep_steps_staged_before_a_clear_commit_after_it_as_in_a_plain_ring():
+    # A clear() by another handle wiped the lane rows of this handle's staged N-step steps,
+    # and the rows their windows finished later were skipped without a word (add even
+    # returned a slot). Now the staged steps are written again and commit after the clear,
+    # as a plain ring's staged steps do: the same rows in both.
+    spec = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
+    env = dict(streams.ENV, next_obs=streams.ENV["obs"])
+    with make(ReplayBuffer, 256, "auto", Nstep=spec, lanes=2) as rb, \
+            ReplayBuffer.attach(rb.name) as other, ReplayBuffer(256, env, Nstep=spec) as twin, \
+            ReplayBuffer.attach(twin.name) as twin_other:
+        source = streams.Stream(0, 4, glitches=False)
+        for round_ in range(12):
+            rows = source.transitions(2 if round_ % 3 else 1)
+            rb.add(**rows)
+            twin.add(**rows)
+            if round_ % 4 == 1:
+                staged = rb.stats()["nstep_staged"]
+                other.clear()
+                twin_other.clear()
+                assert rb.get_stored_size() == 0 and rb.stats()["nstep_staged"] == staged
+        rb.on_episode_end()
+        twin.on_episode_end()
+        ours, theirs = rb.get_all_transitions(), twin.get_all_transitions()
+        assert sorted(ours["act"].ravel().tolist()) == sorted(theirs["act"].ravel().tolist())
+        assert_rows_among(ours, theirs)
+        assert rb.get_stored_size() == twin.get_stored_size() > 0
+
+
 def test_get_next_index_names_the_slot_a_laned_add_writes_first():
     # It used to be 0 whatever a laned buffer held (the plain ring's index, unused there).
     with ReplayBuffer(256, {"obs": {}}, lanes=2) as rb, ReplayBuffer.attach(rb.name) as view:

@@ -726,9 +726,9 @@ def held_back_nstep_add(rb, outcome, timeout):
     outcome["seconds"] = time.monotonic() - began
 
 
-def nstep_buffer_that_holds_adds_back():
+def nstep_buffer_that_holds_adds_back(**options):
     limiter = SampleToInsertRatio(1.0, 1, (-2.0, 2.0))
-    rb = ReplayBuffer(32, ENV, Nstep=NSTEP, rate_limiter=limiter)
+    rb = ReplayBuffer(32, ENV, Nstep=NSTEP, rate_limiter=limiter, **options)
     for k in range(4):   # diff 2 = max_diff: the next commit waits for a sample
         rb.add(**{key: value[0] for key, value in batch_of(1, k).items()}, timeout=0)
     assert rb.stats()["nstep_staged"] == 2
@@ -751,6 +751,25 @@ def add_held_back_in_a_thread(rb, timeout):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rb.close()
+
+
+@pytest.mark.parametrize("lanes", LANED, ids=["plain", "laned"])
+def test_an_nstep_add_waiting_through_a_clear_commits_its_row_after_it(lanes):
+    # The add waits while another thread clears the buffer: it is ordered after the clear and
+    # commits the row its step finishes, made of steps staged before the clear (2, 3 and its
+    # own 9). In a laned buffer the clear had wiped those steps' lane rows: the row was
+    # skipped without a word and add returned a slot all the same.
+    rb = nstep_buffer_that_holds_adds_back(**lanes)
+    with add_held_back_in_a_thread(rb, 20.0) as outcome:
+        rb.clear()
+        deadline = time.monotonic() + TIMEOUT
+        while "result" not in outcome and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert outcome.get("result") == "added"
+        rows = rb.get_all_transitions()
+        assert rows["act"].ravel().tolist() == [2]
+        assert rows["rew"][0, 0] == pytest.approx(1.0 + 0.5 * 1.5 + 0.25 * 4.5)
+        assert rb.get_stored_size() == 1
 
 
 def test_close_ends_an_nstep_add_waiting_in_another_thread():
