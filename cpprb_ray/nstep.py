@@ -632,9 +632,16 @@ class NstepStaging:
         storage = self._storage
         if stop > head and sink._lane_rows_lost(storage[_SLOT][head:stop],
                                                 storage[_GENERATION][head:stop]):
-            sink._lane_steps({name: storage[name][head:stop] for name in self._names},
-                             stop - head, storage[_SLOT][head:stop],
-                             storage[_GENERATION][head:stop], None, 0)
+            self._lane_write(sink, head, stop, None, 0)
+
+    def _lane_write(self, sink: Any, start: int, stop: int, timeout: Optional[float],
+                    rows: int) -> None:
+        """Staged steps start..stop-1 into the lane; each one's slot and generation, as
+        written, beside it in the staging (`rows`: what the limiter must admit first)."""
+        storage = self._storage
+        sink._lane_steps({name: storage[name][start:stop] for name in self._names}, stop - start,
+                         storage[_SLOT][start:stop], storage[_GENERATION][start:stop], timeout,
+                         rows)
 
     def _write_steps(self, sink: Any, start: int, stop: int, timeout: Optional[float],
                      rows: int) -> Optional[float]:
@@ -644,12 +651,9 @@ class NstepStaging:
         held-back add writes nothing); the completion is then admitted and counted as one add
         (another writer may have taken the room meanwhile). Returns what is left of
         `timeout` for that completion."""
-        storage = self._storage
         self._rewrite_lost_steps(sink, start)
         started = time.monotonic()
-        sink._lane_steps({name: storage[name][start:stop] for name in self._names}, stop - start,
-                         storage[_SLOT][start:stop], storage[_GENERATION][start:stop], timeout,
-                         rows)
+        self._lane_write(sink, start, stop, timeout, rows)
         seconds = _rules.as_timeout(timeout)
         if seconds < 0.0:
             return None
