@@ -246,6 +246,12 @@ def initialize_segment(memory, *, total_size, capacity, prioritized, alpha, eps,
 
 # -- statuses -> exceptions: the one place ------------------------------------------------------
 
+class NeverAdmitted(ValueError):
+    """An add or a sample of more rows than any state of the rate limiter lets go at once
+    (waiting would be forever). A ValueError; its own class so that the N-step staging can say
+    which rows an add completes."""
+
+
 class LaneError(RuntimeError):
     """An add found no lane for its handle: every lane is owned by a live handle (more
     concurrent writers than lanes), or its own lane was taken over (its process was judged
@@ -810,12 +816,12 @@ cdef class ReplayStore:
             return 0
         state = limiter_state(self.view.header, self.view.limiter)
         if side == SIDE_SAMPLE:
-            raise ValueError(
+            raise NeverAdmitted(
                 f"{name} {rows} can never be sampled at once under {describe_limiter(state)}: "
                 f"a sample of k rows needs inserts * samples_per_insert - samples - k >= "
                 f"min_diff, and that diff never exceeds max(max_diff, min_size_to_sample * "
                 f"samples_per_insert); sample fewer rows or widen the error_buffer")
-        raise ValueError(
+        raise NeverAdmitted(
             f"an add of {rows} rows can never be admitted at once under "
             f"{describe_limiter(state)}: past min_size_to_sample it needs (inserts + k) * "
             f"samples_per_insert - samples <= max_diff, and the diff never falls below "

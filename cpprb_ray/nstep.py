@@ -51,6 +51,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from cpprb_ray import _layout, _rules
+from cpprb_ray._store import NeverAdmitted
 
 __all__ = ["DISCOUNTS", "DONE", "NstepConfig", "NstepStaging", "cast_steps", "meta_of",
            "plan_columns"]
@@ -356,6 +357,16 @@ def cast_steps(columns: Sequence[Any], values: Mapping[str, Any]) -> Tuple[List[
     return arrays, count
 
 
+def _never_admitted(error: NeverAdmitted, call: str, staged: int) -> NeverAdmitted:
+    """The rate limiter's refusal of an N-step commit, saying which rows it counted: a row for
+    each step whose window of n steps is complete, steps staged by earlier adds included (so a
+    batch of k steps can complete more than k rows). Nothing was staged or committed."""
+    return NeverAdmitted(f"{error} (N-step: {call} completes a row for each step whose window "
+                         f"of n steps it completes, and the {staged} step"
+                         f"{'' if staged == 1 else 's'} staged before it count among them; "
+                         f"they stay staged)")
+
+
 class NstepStaging:
     """One handle's staged steps and the commit of its finished N-step transitions.
 
@@ -573,6 +584,7 @@ class NstepStaging:
         try:
             if self._fork_epoch != _FORKS[0] or self._cleared != self._clears:
                 self._sync()
+            staged = self._tail - self._head
             if self._tail == self._capacity:
                 self._reserve(1)
             tail = self._tail
@@ -613,6 +625,8 @@ class NstepStaging:
                     self._ready(int(ends[-1]) if ends.shape[0] else -1, new_tail) - self._head)
             self._priorities[tail:new_tail] = np.nan if priorities is None else priorities
             return self._commit_ready(sink, ends, new_tail, timeout)
+        except NeverAdmitted as error:
+            raise _never_admitted(error, "the add", staged) from None
         finally:
             self._lock.release()
 
@@ -733,8 +747,11 @@ class NstepStaging:
             self._sync()
             if self._tail == self._head:
                 return None
+            staged = self._tail - self._head
             return self._commit_ready(sink, np.array([self._tail - 1], dtype=np.int64),
                                       self._tail, timeout)
+        except NeverAdmitted as error:
+            raise _never_admitted(error, "on_episode_end", staged) from None
         finally:
             self._lock.release()
 

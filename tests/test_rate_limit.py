@@ -677,6 +677,30 @@ def test_an_nstep_batch_is_admitted_whole_by_the_rows_it_completes(lanes):
         assert rb.get_stored_size() == 34 and rb.stats()["inserts"] == 34
 
 
+@pytest.mark.parametrize("lanes", LANED, ids=["plain", "laned"])
+def test_an_nstep_batch_no_state_admits_says_the_staged_steps_count(lanes):
+    # As in test_batches_no_state_admits_are_refused_at_once, no add of more than 14 rows is
+    # ever admitted. 13 steps that end the episode complete 15 rows with the 2 staged before:
+    # refused at once, and the message says where the other 2 rows come from.
+    limiter = SampleToInsertRatio(2.0, 10, 8.0)
+    with ReplayBuffer(64, ENV, Nstep=NSTEP, rate_limiter=limiter, **lanes) as rb:
+        rb.add(**batch_of(2), timeout=0)          # no window complete: both stay staged
+        before = rb.stats()
+        steps = batch_of(13, 2)
+        steps["done"][-1] = 1.0
+        with pytest.raises(ValueError, match=r"an add of 15 rows can never be admitted at once"
+                                             r".*the 2 steps staged before it count among them"):
+            rb.add(**steps, timeout=0)
+        assert rb.stats() == before and rb.stats()["nstep_staged"] == 2
+        steps["done"][-1] = 0.0                   # 13 steps, no end: 13 rows, admitted
+        rb.add(**steps, timeout=0)
+        assert rb.get_stored_size() == 13 and rb.stats()["nstep_staged"] == 2
+        assert rb.get_all_transitions()["act"].ravel().tolist() == list(range(13))
+        sample(rb, 10)                            # diff 16: room for the 2 staged rows
+        rb.on_episode_end(timeout=0)
+        assert rb.get_stored_size() == 15
+
+
 def test_an_nstep_completion_that_loses_its_room_to_another_writer_keeps_the_staging():
     # Between an N-step add's lane write (admitted: room for its 2 rows) and their completion,
     # another writer takes the room. The completion is held back: TimeoutError, the staging as
