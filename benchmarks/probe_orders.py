@@ -1,9 +1,11 @@
-"""Two questions behind the headline's update(256) and cold rows (docs/benchmarks.md, "fourth
-session"). Run from the repository root (cpprb_ray built in place, e.g. by ``make venv``)::
+"""Three questions behind the headline's update(256) and cold rows (docs/benchmarks.md, "fourth
+session" and "sixth session"). Run from the repository root (cpprb_ray built in place, e.g. by
+``make venv``)::
 
     .venv/bin/python benchmarks/probe_orders.py update             # about 1 minute
     .venv-tianshou/bin/python benchmarks/probe_orders.py cold      # about 2 minutes
-    .venv/bin/python benchmarks/probe_orders.py update cold --quick   # a smoke run
+    .venv-tianshou/bin/python benchmarks/probe_orders.py modes     # about 1 minute
+    .venv/bin/python benchmarks/probe_orders.py update cold modes --quick   # a smoke run
 
 ``update``: what another library's call between two of ours costs an update(256). The
 headline's row (ours, then cpprb's, one by one; the indexes of 256 earlier samples, cycled)
@@ -15,12 +17,20 @@ next to the same loop with cpprb's call left out; µs median, 25th percentile an
 round), ``balanced`` (the same, every other group of rounds in the opposite direction, so that
 each side follows each other side equally often) and ``own`` (each timed step after a sweep,
 its own untimed step and a sweep: a learner's own sequence). Each order runs twice.
+
+``modes``: whether a cold step's time follows what a cache miss costs at that moment. Each
+round times, after a sweep each, a miss probe (numpy gathering 4096 random int64 from a 256 MiB
+shared mapping in 4 KiB pages, as the buffer's segment is: no library code, only misses) and
+every side's cold learner step, in the headline's rotated order; the rounds are then split into
+quartiles by the probe's time, with each side's median and the ratios in each.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import mmap
+import os
 import time
 from typing import Any, Callable, Dict, List
 
@@ -40,6 +50,8 @@ SEED = 7
 CAPACITY = 1 << 20
 SWEEP_BYTES = 64 << 20
 ORDERS = ("rotate", "balanced", "own")
+PROBE_BYTES = 256 << 20
+PROBE_READS = 4096
 
 
 def microseconds(series: List[int]) -> str:
@@ -84,30 +96,41 @@ def probe_update(rounds: int) -> None:
         ours.buffer.close()
 
 
-def probe_cold(rounds: int) -> None:
+def cold_steps(ours: Any) -> Dict[str, Callable[[], Any]]:
+    """Every side's learner step (ours, cpprb's and tianshou's where it is importable)."""
     peers: Dict[str, Any] = {}
     try:
         import tianshou
         peers["tianshou"] = tianshou
     except ImportError:
         print("(tianshou is not importable here: ours and cpprb only)")
+    theirs = libraries.make_cpprb(cpprb, CAPACITY, SEED)
+    made = {key: libraries.make_peer(key, module, CAPACITY, SEED)
+            for key, module in peers.items()}
+    inputs = headline.Inputs(SEED + 1)
+    bench = headline.Bench(ours, theirs, made, inputs)
+    calls: Dict[str, Callable[[], Any]] = {
+        "ours": ours.learner_step(inputs.priorities),
+        "cpprb": theirs.learner_step(inputs.priorities)}
+    for key, peer in made.items():
+        calls[key] = peer.learner_step(bench.peer_input(key, "priorities"))
+    return calls
+
+
+def sweeper() -> Callable[[], None]:
+    """The headline's sweep: 64 MiB added to in place, as a network step evicts the caches."""
+    sweep_array = np.ones(SWEEP_BYTES // 8, np.int64)
+
+    def sweep() -> None:
+        np.add(sweep_array, 1, out=sweep_array)
+    return sweep
+
+
+def probe_cold(rounds: int) -> None:
     ours = libraries.make_ours(cpprb_ray, CAPACITY, SEED)
     try:
-        theirs = libraries.make_cpprb(cpprb, CAPACITY, SEED)
-        made = {key: libraries.make_peer(key, module, CAPACITY, SEED)
-                for key, module in peers.items()}
-        inputs = headline.Inputs(SEED + 1)
-        bench = headline.Bench(ours, theirs, made, inputs)
-        calls: Dict[str, Callable[[], Any]] = {
-            "ours": ours.learner_step(inputs.priorities),
-            "cpprb": theirs.learner_step(inputs.priorities)}
-        for key, peer in made.items():
-            calls[key] = peer.learner_step(bench.peer_input(key, "priorities"))
-        sweep_array = np.ones(SWEEP_BYTES // 8, np.int64)
-
-        def sweep() -> None:
-            np.add(sweep_array, 1, out=sweep_array)
-
+        calls = cold_steps(ours)
+        sweep = sweeper()
         keys = list(calls)
         clock = time.perf_counter_ns
         for order in ORDERS + ORDERS:
@@ -141,16 +164,77 @@ def probe_cold(rounds: int) -> None:
         ours.buffer.close()
 
 
+def probe_modes(rounds: int) -> None:
+    ours = libraries.make_ours(cpprb_ray, CAPACITY, SEED)
+    mapping = mmap.mmap(-1, PROBE_BYTES)          # shared and anonymous: tmpfs pages, as /dev/shm
+    try:
+        calls = cold_steps(ours)
+        sweep = sweeper()
+        memory = np.frombuffer(mapping, np.int64)
+        memory[:] = 1                               # every page touched before timing
+        rng = np.random.default_rng(SEED)
+        lines = rng.choice(PROBE_BYTES // 64, size=(64, PROBE_READS), replace=True)
+        positions = [row * 8 for row in lines]     # one int64 per line, a new set every round
+        gathered = np.empty(PROBE_READS, np.int64)
+        keys = list(calls)
+        times: Dict[str, List[int]] = {key: [] for key in ["probe"] + keys}
+        clock = time.perf_counter_ns
+        gc.collect()
+        gc.disable()
+        try:
+            for round_number in range(rounds):
+                sweep()
+                start = clock()
+                np.take(memory, positions[round_number % len(positions)], out=gathered)
+                times["probe"].append(clock() - start)
+                shift = round_number % len(keys)
+                for key in keys[shift:] + keys[:shift]:
+                    sweep()
+                    start = clock()
+                    calls[key]()
+                    times[key].append(clock() - start)
+        finally:
+            gc.enable()
+        del memory
+        series = {key: np.array(values) / 1000.0 for key, values in times.items()}
+        quartile = np.digitize(series["probe"], np.quantile(series["probe"], (0.25, 0.5, 0.75)))
+        print(f"{rounds} rounds; Spearman correlation with the miss probe: " + "  ".join(
+            f"{key} {spearman(series['probe'], series[key]):+.2f}" for key in keys))
+        for q in range(4):
+            chosen = quartile == q
+            medians = {key: float(np.median(values[chosen])) for key, values in series.items()}
+            ratios = "  ".join(f"{key} / ours {medians[key] / medians['ours']:.2f}x"
+                               for key in keys if key != "ours")
+            print(f"probe quartile {q + 1}: probe {medians['probe']:.1f} µs; cold step "
+                  + "  ".join(f"{key} {medians[key]:.1f}" for key in keys)
+                  + f" µs (medians); {ratios}", flush=True)
+    finally:
+        ours.buffer.close()
+        mapping.close()
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Rank correlation (ties are rare in nanosecond timings)."""
+    return float(np.corrcoef(np.argsort(np.argsort(x)), np.argsort(np.argsort(y)))[0, 1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("probes", nargs="+", choices=("update", "cold"))
+    parser.add_argument("probes", nargs="+", choices=("update", "cold", "modes"))
     parser.add_argument("--quick", action="store_true", help="a few rounds (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of every probe (default: 30000 update, 500 cold, 800 "
+                             "modes; --quick: 200, 6, 8)")
     args = parser.parse_args()
+    # Which build: an experiment's (benchmarks/experiments) comes first on PYTHONPATH.
+    print(f"cpprb_ray from {os.path.dirname(cpprb_ray.__file__)}")
     for probe in args.probes:
         if probe == "update":
-            probe_update(200 if args.quick else 30000)
+            probe_update(args.rounds or (200 if args.quick else 30000))
+        elif probe == "cold":
+            probe_cold(args.rounds or (6 if args.quick else 500))
         else:
-            probe_cold(6 if args.quick else 500)
+            probe_modes(args.rounds or (8 if args.quick else 800))
 
 
 if __name__ == "__main__":
