@@ -346,8 +346,8 @@ cdef class ColumnTable:
             try:
                 values[0] = <double>priorities
             except OverflowError:
-                raise ValueError(f"priorities must be finite and >= 0; got {priorities} at "
-                                 f"position 0") from None
+                raise ValueError(f"priorities must be finite and >= 0; got "
+                                 f"{_rules.shown(priorities)} at position 0") from None
             return values
         cdef int64_t k
         cdef const float* narrow

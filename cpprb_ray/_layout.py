@@ -179,8 +179,8 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
 
 
 def _too_large(capacity: int) -> ValueError:
-    return ValueError(f"size {capacity} makes a segment of more than 2**63 - 1 bytes, the most "
-                      f"a file holds; make size smaller")
+    return ValueError(f"size {_rules.shown(capacity)} makes a segment of more than 2**63 - 1 "
+                      f"bytes, the most a file holds; make size smaller")
 
 
 def corrupt(location: str, why: str) -> ValueError:

@@ -19,6 +19,20 @@ _ndarray = np.ndarray
 
 # -- scalars ------------------------------------------------------------------------------------
 
+def shown(value):
+    """`value` as an error message shows it: cut after 24 characters (10**400 has 401 digits,
+    and a message that echoes them all hides what it says).
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import shown
+    >>> shown(2.5), shown(10**30)
+    ('2.5', '100000000000000000000000...')
+    """
+    text = str(value)
+    return text if len(text) <= 24 else text[:24] + "..."
+
+
 def as_count(value, str name):
     """`value` as a Python int, or TypeError naming `name` (bools are not counts).
 
@@ -49,14 +63,21 @@ def as_real(value, str name):
     Traceback (most recent call last):
     ...
     ValueError: alpha must be finite; got nan
+    >>> as_real(10**400, "alpha")
+    Traceback (most recent call last):
+    ...
+    ValueError: alpha must be finite; got 100000000000000000000000...
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(
             value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
-    value = float(value)
-    if not (value - value == 0.0):
-        raise ValueError(f"{name} must be finite; got {value}")
-    return value
+    try:
+        result = float(value)
+    except OverflowError:   # an int past any float
+        raise ValueError(f"{name} must be finite; got {shown(value)}") from None
+    if not (result - result == 0.0):
+        raise ValueError(f"{name} must be finite; got {result}")
+    return result
 
 
 cpdef double as_timeout(object value, str name="timeout") except? -2.0:
@@ -84,7 +105,8 @@ cpdef double as_timeout(object value, str name="timeout") except? -2.0:
     except OverflowError:   # an int past any float: as long as it takes, or refused
         seconds = INFINITY if value > 0 else -INFINITY
     if not seconds >= 0.0:
-        raise ValueError(f"{name} must be None or a number of seconds >= 0; got {value}")
+        raise ValueError(f"{name} must be None or a number of seconds >= 0; got "
+                         f"{shown(value)}")
     return -1.0 if seconds == INFINITY else seconds
 
 
@@ -342,13 +364,13 @@ def column_shape(spec, dtype, str name):
         raise TypeError(f"env_dict[{name!r}]['shape'] must be an int or a tuple of ints; got "
                         f"{spec!r}")
     if any(d <= 0 for d in shape):
-        raise ValueError(f"env_dict[{name!r}]['shape'] must be positive; got {shape}")
+        raise ValueError(f"env_dict[{name!r}]['shape'] must be positive; got {shown(shape)}")
     row_bytes = dtype.itemsize
     for d in shape:   # Python ints: the product cannot wrap as int64 would
         row_bytes *= d
     if row_bytes > MAX_ROW_BYTES:
-        raise ValueError(f"env_dict[{name!r}]: shape {shape} of {dtype} is {row_bytes} bytes "
-                         f"per row; at most {MAX_ROW_BYTES} allowed")
+        raise ValueError(f"env_dict[{name!r}]: shape {shown(shape)} of {dtype} is "
+                         f"{shown(row_bytes)} bytes per row; at most {MAX_ROW_BYTES} allowed")
     return shape
 
 

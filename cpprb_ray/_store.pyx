@@ -33,7 +33,7 @@ from cpython.bytes cimport PyBytes_AS_STRING
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.object cimport PyObject
 from libc.math cimport isnan
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, strcmp
 
@@ -1015,13 +1015,19 @@ cdef class ReplayStore:
         cdef bint fresh = False
         if batch <= 0:
             raise ValueError(f"batch_size must be > 0; got {batch}")
+        # Each output row takes at most a record's bytes plus the index, weight, generation and
+        # the kernel's scratch double: past that, numpy could not allocate the outputs, and the
+        # scratch's size below would wrap.
+        if batch > INT64_MAX // (self.view.stride + 28):
+            raise ValueError(f"batch_size {batch} needs more than 2**63 - 1 bytes of output; "
+                             f"sample fewer rows")
         self.check_admissible(SIDE_SAMPLE, batch, "batch_size")
         if out is not None:
             arrays = self.out_arrays(out, batch)
         cdef char* memory = <char*>malloc(count * (sizeof(Py_buffer) + sizeof(uint8_t*))
                                           + batch * sizeof(double))
         if memory == NULL:
-            raise MemoryError()
+            raise MemoryError(f"batch_size {batch}: no memory for the sample's scratch")
         views = <Py_buffer*>memory
         pointers = <uint8_t**>(memory + count * sizeof(Py_buffer))
         try:

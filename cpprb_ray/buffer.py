@@ -37,6 +37,9 @@ __all__ = ["PrioritizedReplayBuffer", "ReplayBuffer", "attach"]
 PathLike = Union[str, "os.PathLike[str]"]
 
 _FLOAT_MAX = float(np.finfo(np.float64).max)
+# The most rows a count of the store can be (int64): a larger size or batch_size is refused
+# with a ValueError naming it, not an OverflowError from the conversion.
+_INT64_MAX = 2**63 - 1
 
 
 _as_count = _rules.as_count
@@ -650,8 +653,9 @@ class ReplayBuffer:
     def _check_batch(self, batch_size: Any) -> int:
         if type(batch_size) is not int:  # the common case skips the general checks
             batch_size = _as_count(batch_size, "batch_size")
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be > 0; got {batch_size}")
+        if not 0 < batch_size <= _INT64_MAX:
+            raise ValueError(f"batch_size must be > 0 and <= 2**63 - 1; got "
+                             f"{_rules.shown(batch_size)}")
         return batch_size
 
     def sample(self, batch_size: int, *, out: Optional[Dict[str, np.ndarray]] = None,
@@ -679,7 +683,8 @@ class ReplayBuffer:
         ...     print(sorted(batch), batch["obs"].shape, batch["indexes"].dtype)
         ['generations', 'indexes', 'obs'] (5, 2) int64
         """
-        if self._plain_sample and out is None and type(batch_size) is int and batch_size > 0:
+        if (self._plain_sample and out is None and type(batch_size) is int
+                and 0 < batch_size <= _INT64_MAX):
             result = self._store.sample(batch_size, 0.0, None, timeout)
             del result["weights"]
             return result
@@ -1080,7 +1085,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"alpha must be >= 0; got {alpha}")
         if eps < 0:
             raise ValueError(f"eps must be >= 0; got {eps}")
-        if isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size > 0:
+        if (isinstance(size, (int, np.integer)) and not isinstance(size, bool)
+                and 0 < size <= _INT64_MAX):   # any other size: refused by _create, by name
             _rules.check_alpha_eps(alpha, eps, int(size))
         self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps,
                      lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter,
@@ -1153,7 +1159,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         (4, 1) float32 True
         True
         """
-        if (self._plain_sample and type(batch_size) is int and batch_size > 0
+        if (self._plain_sample and type(batch_size) is int and 0 < batch_size <= _INT64_MAX
                 and type(beta) is float and 0.0 <= beta <= _FLOAT_MAX):
             return self._store.sample(batch_size, beta, out, timeout)
         batch = self._check_batch(batch_size)

@@ -77,12 +77,6 @@ _GENERATION = " generation"   # space keeps them apart from any env_dict key
 _STAGINGS: weakref.WeakSet[NstepStaging] = weakref.WeakSet()
 
 
-def _shown(value: Any) -> str:
-    """A number for an error message, cut after 24 characters (10**400 has 401)."""
-    text = str(value)
-    return text if len(text) <= 24 else text[:24] + "..."
-
-
 def _physical_memory() -> Optional[int]:
     """This machine's memory in bytes, or None where the platform does not say."""
     try:
@@ -188,7 +182,7 @@ class NstepConfig:
         except OverflowError:   # an int beyond any float
             discount = math.inf
         if not 0.0 <= discount <= 1.0:
-            raise ValueError(f"Nstep['gamma'] must be in [0, 1]; got {_shown(gamma)}")
+            raise ValueError(f"Nstep['gamma'] must be in [0, 1]; got {_rules.shown(gamma)}")
         config = cls(int(size), discount, _keys(spec, "rew"), _keys(spec, "next"))
         config.check(columns)
         # Each handle stages up to 4 windows of steps in its own memory (NstepStaging): a size
@@ -196,8 +190,9 @@ class NstepConfig:
         staging_bytes = 4 * config.size * (sum(c.row_bytes for c in columns) + 8)
         memory = _physical_memory()
         if memory is not None and staging_bytes > memory:
-            needed = f"{staging_bytes:.3g}" if staging_bytes < 1e300 else _shown(staging_bytes)
-            raise ValueError(f"Nstep['size'] {_shown(size)} needs {needed} bytes of "
+            needed = (f"{staging_bytes:.3g}" if staging_bytes < 1e300
+                      else _rules.shown(staging_bytes))
+            raise ValueError(f"Nstep['size'] {_rules.shown(size)} needs {needed} bytes of "
                              f"staging in each handle's process, more than this machine's "
                              f"{memory:.3g} bytes of memory")
         return config

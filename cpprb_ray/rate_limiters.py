@@ -27,6 +27,8 @@ import sys
 import warnings
 from typing import Any, Optional, Tuple, Union
 
+from cpprb_ray import _rules
+
 __all__ = ["MinSize", "RateLimiter", "SampleToInsertRatio"]
 
 # MinSize's window, as Reverb sets it: no ratio is kept.
@@ -45,7 +47,7 @@ def _real(value: Any, name: str, expected: str = "a real number") -> float:
         result = float(value)
     except OverflowError:   # an int or a Fraction beyond any float
         raise ValueError(f"{name} must be a real number within the float range; got "
-                         f"{type(value).__name__} {str(value)[:24]}...") from None
+                         f"{type(value).__name__} {_rules.shown(value)}") from None
     if result != result:
         raise ValueError(f"{name} must not be NaN")
     return result
@@ -56,9 +58,8 @@ def _min_size(value: Any) -> int:
         raise TypeError(f"min_size_to_sample must be an int; got {type(value).__name__}")
     size = int(value)
     if not 1 <= size <= _MAX_SIZE:
-        shown = str(size) if len(str(size)) <= 24 else str(size)[:24] + "..."
         raise ValueError(f"min_size_to_sample must be a positive integer <= 2**63 - 1; got "
-                         f"{shown}")
+                         f"{_rules.shown(size)}")
     return size
 
 

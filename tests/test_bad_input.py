@@ -132,6 +132,9 @@ def test_bad_add_priorities(per, case):
 def test_bad_single_priority(per):
     check_refused(per, lambda: per.add(**ONE, priorities=math.nan), ValueError, "priorities")
     check_refused(per, lambda: per.add(**ONE, priorities=-1.0), ValueError, "priorities")
+    # An int past any float: named, and shown cut (its 401 digits hid the message).
+    check_refused(per, lambda: per.add(**ONE, priorities=10**400), ValueError,
+                  r"priorities must be finite and >= 0; got 10{23}\.\.\. at position 0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,6 +144,11 @@ def test_bad_single_priority(per):
 @pytest.mark.parametrize("batch_size, error", [
     (0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError), ("4", TypeError),
     (None, TypeError), (np.float64(3), TypeError),
+    # Past int64 (an OverflowError of the conversion, naming nothing, before), and past what
+    # any output could hold (its scratch's size would wrap).
+    pytest.param(2**63, ValueError, id="2**63"), pytest.param(10**400, ValueError, id="10**400"),
+    pytest.param(np.uint64(2**63), ValueError, id="np.uint64(2**63)"),
+    pytest.param(2**62, ValueError, id="2**62"), pytest.param(2**61 + 5, ValueError, id="2**61+5"),
 ])
 def test_bad_batch_size(filled, batch_size, error):
     check_refused(filled, lambda: filled.sample(batch_size), error, "batch_size")
@@ -148,7 +156,7 @@ def test_bad_batch_size(filled, batch_size, error):
 
 @pytest.mark.parametrize("beta, error", [
     (-0.1, ValueError), (math.nan, ValueError), (math.inf, ValueError), ("0.4", TypeError),
-    (None, TypeError),
+    (None, TypeError), pytest.param(10**400, ValueError, id="10**400"),
 ])
 def test_bad_beta(per, beta, error):
     check_refused(per, lambda: per.sample(4, beta=beta), error, "beta")
@@ -215,11 +223,19 @@ BAD_CONSTRUCTORS = {
                          r"segment of more than 2\*\*63 - 1 bytes"),
     "size past a file, rows": (dict(size=1 << 55, env_dict={"obs": {"shape": 1024}}),
                                ValueError, "size 36028797018963968 makes a segment"),
+    # Past int64: checking alpha against the size converted it first (an OverflowError).
+    "size past int64": (dict(size=1 << 63), ValueError, "size 9223372036854775808 makes a"),
+    "size past any float": (dict(size=10**400), ValueError,
+                            r"size 10{23}\.\.\. makes a segment"),
     "empty env_dict": (dict(env_dict={}), ValueError, "env_dict"),
     "env_dict not a dict": (dict(env_dict=[("obs", {})]), TypeError, "env_dict"),
     "alpha negative": (dict(alpha=-0.1), ValueError, "alpha"),
     "alpha nan": (dict(alpha=math.nan), ValueError, "alpha"),
     "alpha str": (dict(alpha="0.6"), TypeError, "alpha"),
+    "alpha past any float": (dict(alpha=10**400), ValueError, "alpha must be finite"),
+    "eps past any float": (dict(eps=10**400), ValueError, "eps must be finite"),
+    "lock_timeout past any float": (dict(lock_timeout=10**400), ValueError,
+                                    "lock_timeout must be finite"),
     "eps negative": (dict(eps=-1e-6), ValueError, "eps"),
     "eps nan": (dict(eps=math.nan), ValueError, "eps"),
     "unknown dtype": (dict(env_dict={"obs": {"dtype": "notadtype"}}), TypeError, "dtype"),
