@@ -799,8 +799,15 @@ class ReplayBuffer:
         """
         if not isinstance(safe, (bool, np.bool_)):
             raise TypeError(f"safe must be a bool; got {type(safe).__name__}")
-        file = checkpoint.transitions_target(file)
-        _compat.save_transitions(self.get_all_transitions(), file, nstep=self._nstep is not None)
+        target = checkpoint.transitions_target(file)
+        transitions = self.get_all_transitions()
+        if not isinstance(target, str):
+            _compat.save_transitions(transitions, target, nstep=self._nstep is not None)
+            return
+        # Opened here, checked on what was opened: np.savez's own open of a path would block
+        # on a FIFO swapped in after any earlier check.
+        with checkpoint.open_for_writing(target) as handle:
+            _compat.save_transitions(transitions, handle, nstep=self._nstep is not None)
 
     def load_transitions(self, file: Any, *, timeout: Optional[float] = None) -> None:
         """Add the rows of a file that :meth:`save_transitions` or cpprb's wrote.

@@ -124,6 +124,48 @@ def _open_regular(path: str, refusal: Callable[[str], Exception]) -> Any:
         raise
 
 
+def open_for_writing(path: str) -> Any:
+    """`path` opened for writing from its start (made if absent), without blocking on a FIFO:
+    IsADirectoryError for a directory, ValueError naming the file for a FIFO, a device or a
+    socket, found on what was opened (fstat), so nothing can be swapped in between; nothing is
+    written or truncated before that check.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from cpprb_ray.checkpoint import open_for_writing
+    >>> folder = tempfile.mkdtemp()
+    >>> with open_for_writing(os.path.join(folder, "rows.npz")) as handle:
+    ...     _ = handle.write(b"data")
+    >>> fifo = os.path.join(folder, "fifo")
+    >>> os.mkfifo(fifo)
+    >>> open_for_writing(fifo)
+    Traceback (most recent call last):
+    ...
+    ValueError: file '.../fifo' is a FIFO, not a regular file
+    >>> import shutil; shutil.rmtree(folder)
+    """
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as error:
+        if error.errno != errno.ENXIO:        # ENXIO: a FIFO that no process reads
+            raise
+        raise ValueError(f"file {path!r} is a {_kind_of(os.stat(path).st_mode)}, not a "
+                         f"regular file") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"file {path!r} is a {_kind_of(mode)}, not a regular file")
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 # -- the file format ------------------------------------------------------------------------------
 
 def write_file(file: Any, description: Mapping[str, Any],
@@ -518,25 +560,13 @@ _DAMAGED_TRANSITIONS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplemented
                         AttributeError, OverflowError, RecursionError)
 
 
-def _regular_or_absent(path: str) -> None:
-    """ValueError naming the file when `path` is a FIFO, a device or a socket: opening one
-    would block (a FIFO) or read and write what is not a file."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return     # nothing there, or unreachable: open() reports it
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise ValueError(f"file {path!r} is a {_kind_of(mode)}, not a regular file")
-
-
 def transitions_target(file: Any) -> Any:
-    """`file` for save_transitions: a binary file object as it is, a path as a str (the file
-    np.savez writes, ".npz" appended as cpprb's does, must not be a FIFO or a device)."""
+    """`file` for save_transitions: a binary file object as it is, a path as the str of the
+    file to write (".npz" appended as cpprb's np.savez does; open it with open_for_writing)."""
     if hasattr(file, "write") and not isinstance(file, (str, bytes, os.PathLike)):
         return file
     path = path_of(file, _TRANSITIONS_FILE)
-    _regular_or_absent(path if path.endswith(".npz") else path + ".npz")
-    return path
+    return path if path.endswith(".npz") else path + ".npz"
 
 
 def read_transitions(file: Any) -> Tuple[Dict[str, np.ndarray], bool]:

@@ -618,6 +618,29 @@ def test_a_fifo_or_a_device_is_refused_without_blocking(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["rb.ckpt", "rb.npz"]
 
 
+def test_save_transitions_refuses_a_fifo_that_a_process_reads_and_writes_nothing(tmp_path):
+    """With a reader at the other end, opening a FIFO for writing does not fail: what was
+    opened is checked (fstat) before a byte goes out. (The check was a stat() of the path,
+    then np.savez opened the path itself, so a FIFO swapped in between blocked it: a race this
+    test cannot stage; it holds the behaviour the fix keeps.)"""
+    fifo = tmp_path / "rows.npz"
+    os.mkfifo(fifo)
+    (tmp_path / "folder.npz").mkdir()
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with cpprb_ray.ReplayBuffer(8, ENV) as rb:
+            rb.add(**rows(0, 2))
+            with pytest.raises(ValueError, match=rf"^file '{fifo}' is a FIFO, not a regular "
+                                                 rf"file$"):
+                rb.save_transitions(fifo)
+            with pytest.raises(IsADirectoryError):
+                rb.save_transitions(tmp_path / "folder")     # ".npz" is appended
+        assert os.read(reader, 16) == b""        # nothing was written (no writer is left)
+    finally:
+        os.close(reader)
+    assert sorted(os.listdir(tmp_path)) == ["folder.npz", "rows.npz"]
+
+
 def test_save_replaces_only_regular_files(tmp_path):
     """A save renamed its file over whatever was at the path: a FIFO, a device node (as root,
     /dev/null), or the buffer's own live segment, which then lost its name (no process could
