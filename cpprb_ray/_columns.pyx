@@ -29,6 +29,7 @@ _ndarray = np.ndarray
 _generic = np.generic
 _floating = np.floating
 _integer = np.integer
+_timedelta = np.timedelta64     # an np.integer whose int() is a datetime.timedelta
 _bool = np.bool_
 
 # Buffer-protocol format codes of the plain numeric dtypes, the ones converted here.
@@ -205,9 +206,9 @@ cdef class ColumnTable:
             rows = self.stage_list(frame, c, <list>value)
             if rows:
                 return rows
-            value = np.asarray(value)
+            value = self.numpy_column(c, value)
         elif kind is not _ndarray:
-            value = np.asarray(value)
+            value = self.numpy_column(c, value)
         PyObject_GetBuffer(value, view, PyBUF_RECORDS_RO)
         frame.held[c] = 1
         code = format_code(view.format)
@@ -264,15 +265,9 @@ cdef class ColumnTable:
         raise _rules.shape_error(self.names[c], shape, actual)
 
     cdef object numpy_column(self, int c, object value):
-        """Column c's value through numpy: cast (same_kind) and made C-contiguous, or the error
-        that names the column."""
-        array = value if type(value) is _ndarray else np.asarray(value)
-        column = self.dtypes[c]
-        if array.dtype != column:
-            if not _rules.can_cast(array.dtype, column):
-                raise _rules.cast_error(self.names[c], column, array.dtype)
-            array = array.astype(column)
-        return np.ascontiguousarray(array)
+        """Column c's value through numpy, cast by add's rule (_rules.column_array) and made
+        C-contiguous, or the error that names the column."""
+        return np.ascontiguousarray(_rules.column_array(value, self.dtypes[c], self.names[c]))
 
     cdef int64_t stage_list(self, AddFrame* frame, int c, list value) except -1:
         """Write a flat list of Python numbers (a batch of a scalar column, or one row of a 1-D
@@ -320,7 +315,7 @@ cdef class ColumnTable:
             elif isinstance(value, _bool):
                 value = bool(value)
             elif isinstance(value, _integer):
-                if code == b"?":
+                if code == b"?" or isinstance(value, _timedelta):
                     return 0
                 value = int(value)
             else:

@@ -29,6 +29,7 @@ import secrets
 import tempfile
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
+from cpprb_ray import _rules
 from cpprb_ray._mapping import Mapping
 
 try:  # CPython >= 3.8 on POSIX
@@ -73,9 +74,24 @@ def default_mmap_dir() -> str:
 def _check_shm_name(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"name must be a str; got {type(name).__name__}")
-    if not name or "/" in name or len(name) > 200 or name in (".", ".."):
-        raise ValueError(f"name must be 1-200 characters without '/'; got {name!r}")
+    if not name or "/" in name or "\0" in name or len(name) > 200 or name in (".", ".."):
+        # (A NUL ended the name where the system read it: another buffer's name.)
+        raise ValueError(f"name must be 1-200 characters without '/' or NUL; got "
+                         f"{_rules.shown(repr(name), 60)}")
     return name
+
+
+def check_path(path: Any, argument: str = "path") -> str:
+    """`path` (str or os.PathLike) as a str, or TypeError / ValueError naming `argument` (a NUL
+    in it: the system would read a shorter path, and os's own error names nothing)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{argument} must be a str or path; got {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(f"{argument} must be a str path; got {type(text).__name__}")
+    if "\0" in text:
+        raise ValueError(f"{argument} must not contain NUL; got {_rules.shown(repr(text), 60)}")
+    return text
 
 
 class Segment:
@@ -162,7 +178,7 @@ def create(backend: str, size: int, name: Optional[str] = None,
         else:
             if name is not None:
                 raise ValueError("pass either name= or path=, not both")
-            location = os.path.abspath(os.fspath(path))
+            location = os.path.abspath(check_path(path))
         fd = os.open(location, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         unlink_on_error = lambda: os.unlink(location)  # noqa: E731
     try:
@@ -270,9 +286,7 @@ def no_space(size: int, file: str) -> OSError:
 
 def locate(name_or_path: Union[str, os.PathLike[str]]) -> Tuple[str, str]:
     """(backend, location) for a name given to attach: a path means "mmap", a name "shm"."""
-    if not isinstance(name_or_path, (str, os.PathLike)):
-        raise TypeError(f"name_or_path must be a str or path; got {type(name_or_path).__name__}")
-    text = os.fspath(name_or_path)
+    text = check_path(name_or_path, "name_or_path")
     if "/" in text:
         return "mmap", os.path.abspath(text)
     if shm_available():

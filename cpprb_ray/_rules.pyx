@@ -13,24 +13,43 @@ from libc.math cimport INFINITY, pow
 import numpy as np
 
 _INT64 = np.dtype(np.int64)
+# What passes an isinstance check for int or np.integer but is no count or real here: bools, and
+# numpy's timedelta64 (an np.signedinteger whose int() is a datetime.timedelta).
+NOT_NUMBERS = (bool, np.bool_, np.timedelta64)
 _FLOAT64 = np.dtype(np.float64)
 _ndarray = np.ndarray
 
 
 # -- scalars ------------------------------------------------------------------------------------
 
-def shown(value):
-    """`value` as an error message shows it: cut after 24 characters (10**400 has 401 digits,
-    and a message that echoes them all hides what it says).
+def _int_objects(array):
+    """Whether `array` is numpy's object array of Python ints (ints past uint64 as numpy makes
+    them of a list or a scalar); bools are not ints here."""
+    return array.dtype == object and all(type(item) is int for item in array.flat)
+
+
+def _as_array(value, str name):
+    """np.asarray(value), or ValueError naming `name` for nested lists of uneven lengths
+    (numpy's own message names nothing)."""
+    try:
+        return np.asarray(value)
+    except ValueError as error:
+        raise ValueError(f"{name} must be a rectangular array of numbers; got {shown(value)} "
+                         f"({error})") from None
+
+
+def shown(value, Py_ssize_t limit=24):
+    """`value` as an error message shows it: cut after `limit` characters (10**400 has 401
+    digits, and a message that echoes them all hides what it says).
 
     Examples
     --------
     >>> from cpprb_ray._rules import shown
-    >>> shown(2.5), shown(10**30)
-    ('2.5', '100000000000000000000000...')
+    >>> shown(2.5), shown(10**30), shown(repr("x" * 50), 8)
+    ('2.5', '100000000000000000000000...', "'xxxxxxx...")
     """
     text = str(value)
-    return text if len(text) <= 24 else text[:24] + "..."
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def as_count(value, str name):
@@ -46,7 +65,7 @@ def as_count(value, str name):
     ...
     TypeError: size must be an int; got float
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if isinstance(value, NOT_NUMBERS) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int; got {type(value).__name__}")
     return int(value)
 
@@ -68,7 +87,7 @@ def as_real(value, str name):
     ...
     ValueError: alpha must be finite; got 100000000000000000000000...
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
+    if isinstance(value, NOT_NUMBERS) or not isinstance(
             value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
     try:
@@ -96,7 +115,7 @@ cpdef double as_timeout(object value, str name="timeout") except? -2.0:
     """
     if value is None:
         return -1.0
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
+    if isinstance(value, NOT_NUMBERS) or not isinstance(
             value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be None or a number of seconds; got "
                         f"{type(value).__name__}")
@@ -240,7 +259,14 @@ def real_vector(values, Py_ssize_t count, str name, str per="row"):
     ...
     ValueError: priorities must have 3 entries (one per row); got 2
     """
-    array = values if type(values) is np.ndarray else np.asarray(values)
+    array = values if type(values) is np.ndarray else _as_array(values, name)
+    if _int_objects(array):
+        # Python ints past uint64: their floats (a priority of 2**64 is 1.8e19, as add takes
+        # it), or past any float, too large.
+        try:
+            array = array.astype(_FLOAT64)
+        except OverflowError:
+            raise ValueError(f"{name} must be finite; got {shown(max(array.flat))}") from None
     if array.dtype.kind not in "iuf":
         raise TypeError(f"{name} must be real numbers; got dtype {array.dtype}")
     if array.ndim > 1:
@@ -278,7 +304,10 @@ def index_vector(indexes, str name):
     ...
     TypeError: indexes must be integers; got dtype float64
     """
-    array = indexes if type(indexes) is np.ndarray else np.asarray(indexes)
+    array = indexes if type(indexes) is np.ndarray else _as_array(indexes, name)
+    if _int_objects(array):     # Python ints past uint64 or below int64: in no buffer's range
+        far = max(array.flat, key=abs)
+        raise IndexError(f"{name} must be below the stored size and >= 0; got {shown(far)}")
     if array.dtype.kind not in "iu":
         if not (array.size == 0 and array.dtype.kind == "f"):   # [] is float64 to numpy
             raise TypeError(f"{name} must be integers; got dtype {array.dtype}")
@@ -323,19 +352,36 @@ def generation_vector(generations, Py_ssize_t count):
     >>> generation_vector([2, 4], 2)
     array([2, 4], dtype=uint64)
     """
-    array = generations if type(generations) is _ndarray else np.asarray(generations)
+    array = (generations if type(generations) is _ndarray
+             else _as_array(generations, "generations"))
+    if _int_objects(array):
+        far = max(array.flat, key=abs)
+        raise ValueError(f"generations must be in [0, 2**64); got {shown(far)}")
     if array.dtype.kind not in "iu" and array.size:
         raise TypeError(f"generations must be unsigned integers; got dtype {array.dtype}")
     if array.ndim > 1 or array.size != count:
         raise ValueError(f"generations must be 1-D with {count} entries (one per index); got "
                          f"shape {array.shape}")
     if array.dtype.kind == "i" and array.size and array.min() < 0:
-        raise ValueError("generations must be >= 0")
+        position = int(np.argmin(array.reshape(-1)))
+        raise ValueError(f"generations must be >= 0; got {array.reshape(-1)[position]} at "
+                         f"position {position}")
     return np.ascontiguousarray(array.reshape(-1), dtype=np.uint64)
 
 
 # -- columns: dtypes and shapes -----------------------------------------------------------------
 
+def _most_dimensions():
+    """How many dimensions a numpy array may have (64 in numpy 2, 32 before)."""
+    try:
+        np.empty((1,) * 64)
+        return 64
+    except ValueError:
+        return 32
+
+
+# A row's shape may have one dimension less than numpy allows: a batch adds one.
+MAX_SHAPE_DIMS = _most_dimensions() - 1
 MAX_ROW_BYTES = 1 << 40   # far beyond any real transition; a shape whose product wraps is not
 
 
@@ -355,16 +401,20 @@ def column_dtype(spec, str name):
 
 def column_shape(spec, dtype, str name):
     """The per-row shape of env_dict column `name`: positive ints whose row stays addressable."""
-    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, NOT_NUMBERS):
         shape = (int(spec),)
     elif isinstance(spec, (tuple, list)) and all(
-            isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in spec):
+            isinstance(d, (int, np.integer)) and not isinstance(d, NOT_NUMBERS) for d in spec):
         shape = tuple(int(d) for d in spec)
     else:
         raise TypeError(f"env_dict[{name!r}]['shape'] must be an int or a tuple of ints; got "
                         f"{spec!r}")
     if any(d <= 0 for d in shape):
         raise ValueError(f"env_dict[{name!r}]['shape'] must be positive; got {shown(shape)}")
+    if len(shape) > MAX_SHAPE_DIMS:
+        raise ValueError(f"env_dict[{name!r}]['shape'] has {len(shape)} dimensions; at most "
+                         f"{MAX_SHAPE_DIMS} (a batch of rows adds one, and a numpy array has "
+                         f"at most {MAX_SHAPE_DIMS + 1})")
     row_bytes = dtype.itemsize
     for d in shape:   # Python ints: the product cannot wrap as int64 would
         row_bytes *= d
@@ -396,6 +446,60 @@ def columns_error(expected, given):
 def cast_error(str name, column, source):
     return TypeError(f"column {name!r} has dtype {column}; cannot cast {source} to it "
                      f"(same_kind casting)")
+
+
+def column_array(value, column, str name):
+    """`value` as an array of `column` (a dtype) by add's casting rule, the one rule of every
+    add path. A numpy array or scalar casts as numpy's same_kind casting allows (float64 into
+    float32, int64 into int8, as numpy's astype does). A Python int, or a list of them, is
+    taken by its value, numpy's rule for Python scalars: into any integer column it fits
+    (1 into uint8), and a ValueError naming the column where it does not, never a silent
+    wrap (300 into int8 had stored 44, 2**63 into int64 -2**63). TypeError otherwise.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from cpprb_ray._rules import column_array
+    >>> column_array([1, 255], np.dtype(np.uint8), "u")
+    array([  1, 255], dtype=uint8)
+    >>> column_array(300, np.dtype(np.int8), "s")
+    Traceback (most recent call last):
+    ...
+    ValueError: column 's' has dtype int8; got 300, outside its range [-128, 127]
+    >>> column_array(np.array([1.5]), np.dtype(np.int64), "a")
+    Traceback (most recent call last):
+    ...
+    TypeError: column 'a' has dtype int64; cannot cast float64 to it (same_kind casting)
+    """
+    python = not isinstance(value, (_ndarray, np.generic))
+    array = value if type(value) is _ndarray else _as_array(value, f"column {name!r}")
+    if array.dtype == column:
+        return array
+    if python and column.kind in "iu" and array.dtype.kind == "f":
+        # numpy makes [1, 2**63] float64 (no integer dtype holds both): ints all the same.
+        objects = np.asarray(value, dtype=object)
+        if _int_objects(objects):
+            array = objects
+    if python and (array.dtype.kind in "iu" or _int_objects(array)):
+        if column.kind in "iu":
+            info = np.iinfo(column)
+            if array.size:
+                low, high = (min(array.flat), max(array.flat)) if array.dtype == object else (
+                    array.min(), array.max())
+                if low < info.min or high > info.max:
+                    raise ValueError(f"column {name!r} has dtype {column}; got "
+                                     f"{shown(low if low < info.min else high)}, outside its "
+                                     f"range [{info.min}, {info.max}]")
+            return array.astype(column)
+        if column.kind == "f" and array.dtype == object:
+            try:
+                return array.astype(_FLOAT64).astype(column)
+            except OverflowError:
+                raise ValueError(f"column {name!r} has dtype {column}; got "
+                                 f"{shown(max(array.flat, key=abs))}, past any float") from None
+    if not can_cast(array.dtype, column):
+        raise cast_error(name, column, array.dtype)
+    return array.astype(column)
 
 
 def rows_of(tuple shape, tuple column_shape):

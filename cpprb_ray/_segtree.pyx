@@ -397,7 +397,7 @@ cdef double rng_uniform(Xoshiro256* rng) noexcept nogil:
 def _seed_from(seed):
     if seed is None:
         return int.from_bytes(os.urandom(8), "little")
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+    if isinstance(seed, _rules.NOT_NUMBERS) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an int or None; got {type(seed).__name__}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0; got {seed}")
@@ -701,7 +701,8 @@ def raise_corrupt_tree():
 
 
 def _check_capacity(capacity):
-    if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)):
+    if isinstance(capacity, _rules.NOT_NUMBERS) or not isinstance(capacity,
+                                                                  (int, np.integer)):
         raise TypeError(f"capacity must be an int; got {type(capacity).__name__}")
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1; got {capacity}")

@@ -1092,7 +1092,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"alpha must be >= 0; got {alpha}")
         if eps < 0:
             raise ValueError(f"eps must be >= 0; got {eps}")
-        if (isinstance(size, (int, np.integer)) and not isinstance(size, bool)
+        if (isinstance(size, (int, np.integer)) and not isinstance(size, _rules.NOT_NUMBERS)
                 and 0 < size <= _INT64_MAX):   # any other size: refused by _create, by name
             _rules.check_alpha_eps(alpha, eps, int(size))
         self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps,

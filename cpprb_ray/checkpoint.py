@@ -77,7 +77,10 @@ def path_of(file: Any, what: str = "a path (str, bytes or os.PathLike)") -> str:
     taken as a file descriptor: open() would read it and close it)."""
     if not isinstance(file, (str, bytes, os.PathLike)):
         raise TypeError(f"file must be {what}; got {type(file).__name__}")
-    return os.fsdecode(os.fspath(file))
+    path = os.fsdecode(os.fspath(file))
+    if "\0" in path:
+        raise ValueError(f"file must not contain NUL; got {_rules.shown(repr(path), 60)}")
+    return path
 
 
 def check_target(path: str) -> None:

@@ -185,9 +185,9 @@ class LaneConfig:
         lane_slots = capacity // count
         needed = MIN_LANE_SLOTS * stack_max if frames else 1
         if lane_slots < needed:
-            raise ValueError(f"size {capacity} with lanes={count} leaves {lane_slots} slots per "
-                             f"lane; each lane needs at least {needed} (stack {stack_max}); "
-                             f"use fewer lanes or a larger size")
+            raise ValueError(f"size {capacity} with lanes={_rules.shown(count)} leaves "
+                             f"{lane_slots} slots per lane; each lane needs at least {needed} "
+                             f"(stack {stack_max}); use fewer lanes or a larger size")
         derived = {f.next for f in frames if f.next is not None}
         framed = {f.name: f for f in frames}
         public = [(c.name, c.shape, c.dtype) for c in columns]
@@ -369,7 +369,7 @@ class LaneWriter:
         if value_type is np.ndarray:
             if value.dtype is dtype and value.shape == shape and value.flags.c_contiguous:
                 return value.reshape((1,) + shape)
-            array = value
+            array = _rules.column_array(value, dtype, name)
         elif shape == (1,) and (value_type is float or value_type is int) and (
                 dtype.kind == "f" or (value_type is int and dtype == np.int64)):
             # (An int into a narrower int column takes the general path: numpy's same_kind
@@ -377,12 +377,9 @@ class LaneWriter:
             try:
                 return np.array(((value,),), dtype=dtype)
             except OverflowError:
-                array = np.asarray(value)
+                array = _rules.column_array(value, dtype, name)
         else:
-            array = np.asarray(value)
-        if array.dtype != dtype:
-            if not _rules.can_cast(array.dtype, dtype):
-                raise _rules.cast_error(name, dtype, array.dtype)
+            array = _rules.column_array(value, dtype, name)
         rows = _rules.rows_of(array.shape, shape)
         if rows < 0:
             raise _rules.shape_error(name, shape, array.shape)

@@ -169,12 +169,12 @@ class NstepConfig:
             raise ValueError(f"Nstep needs exactly the keys {list(expected)}; missing {missing}, "
                              f"unknown {unknown}")
         size = spec["size"]
-        if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)):
+        if isinstance(size, _rules.NOT_NUMBERS) or not isinstance(size, (int, np.integer)):
             raise TypeError(f"Nstep['size'] must be an int; got {type(size).__name__}")
         if size < 1:
             raise ValueError(f"Nstep['size'] must be >= 1; got {size}")
         gamma = spec["gamma"]
-        if isinstance(gamma, (bool, np.bool_)) or not isinstance(
+        if isinstance(gamma, _rules.NOT_NUMBERS) or not isinstance(
                 gamma, (int, float, np.integer, np.floating)):
             raise TypeError(f"Nstep['gamma'] must be a real number; got {type(gamma).__name__}")
         try:
@@ -332,12 +332,7 @@ def cast_steps(columns: Sequence[Any], values: Mapping[str, Any]) -> Tuple[List[
     arrays = []
     count = -1
     for column in columns:
-        value = values[column.name]
-        array = value if type(value) is np.ndarray else np.asarray(value)
-        if array.dtype != column.dtype:
-            if not _rules.can_cast(array.dtype, column.dtype):
-                raise _rules.cast_error(column.name, column.dtype, array.dtype)
-            array = array.astype(column.dtype)
+        array = _rules.column_array(values[column.name], column.dtype, column.name)
         rows = _rules.rows_of(array.shape, column.shape)
         if rows < 0:
             raise _rules.shape_error(column.name, column.shape, array.shape)

@@ -41,7 +41,7 @@ _MAX_SIZE = 2**63 - 1
 
 
 def _real(value: Any, name: str, expected: str = "a real number") -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, _rules.NOT_NUMBERS) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {expected}; got {type(value).__name__}")
     try:
         result = float(value)
@@ -54,7 +54,7 @@ def _real(value: Any, name: str, expected: str = "a real number") -> float:
 
 
 def _min_size(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if isinstance(value, _rules.NOT_NUMBERS) or not isinstance(value, numbers.Integral):
         raise TypeError(f"min_size_to_sample must be an int; got {type(value).__name__}")
     size = int(value)
     if not 1 <= size <= _MAX_SIZE:

@@ -93,7 +93,15 @@ BAD_ADDS = {
     "str scalar": (dict(ONE, rew="0.5"), TypeError, "rew"),
     "object values": (dict(ONE, rew=object()), TypeError, "rew"),
     "complex into float": (dict(ONE, rew=1j), TypeError, "rew"),
-    "too large int": (dict(ONE, act=2 ** 70), TypeError, "act"),
+    "too large int": (dict(ONE, act=2 ** 70), ValueError,
+                      r"column 'act' has dtype int64; got 1180591620717411303424, outside"),
+    # A Python int is taken by its value: one past the column's range is refused, where numpy's
+    # same_kind cast of its int64 array had wrapped it (300 stored as 44, 2**63 as -2**63).
+    "int past int64": (dict(ONE, act=2 ** 63), ValueError, r"column 'act' .* outside its range"),
+    "ints past int64 in a list": (dict(rows(0, 2), act=[1, 2 ** 63]), ValueError,
+                                  r"column 'act' .* got 9223372036854775808, outside"),
+    "ragged list in a column": (dict(rows(0, 2), obs=[[1.0, 2.0, 3.0], [1.0, 2.0]]), ValueError,
+                                r"column 'obs' must be a rectangular array"),
     "ragged batch": (dict(rows(0, 3), act=np.arange(2)), ValueError, "ragged"),
     "ragged batch, single first": (dict(rows(0, 3), obs=[1.0, 2.0, 3.0]), ValueError, "ragged"),
     "empty batch": (rows(0, 0), ValueError, "at least one row"),
@@ -104,6 +112,43 @@ BAD_ADDS = {
 def test_bad_add(filled, case):
     columns, error, match = BAD_ADDS[case]
     check_refused(filled, lambda: filled.add(**columns), error, match)
+
+
+NARROW = {"obs": {"shape": 2, "dtype": np.uint8}, "act": {"dtype": np.int8},
+          "next_obs": {"shape": 2, "dtype": np.uint8}, "rew": {}, "done": {}}
+ADD_PATHS = {
+    "plain": {},
+    "N-step": {"Nstep": {"size": 2, "gamma": 0.5, "rew": "rew", "next": "next_obs"}},
+    "frames": {"next_of": "obs", "lanes": 1},
+}
+
+
+@pytest.mark.parametrize("path", sorted(ADD_PATHS))
+def test_python_ints_are_taken_by_their_value_in_every_add_path(path):
+    """A Python int goes into any integer column it fits (cpprb takes 1 into a uint8 column;
+    numpy's same_kind rule for its int64 array refused it), and one that does not fit is
+    refused naming the column, never wrapped (300 into int8 had stored 44)."""
+    with ReplayBuffer(16, NARROW, **ADD_PATHS[path]) as rb:
+        rb.add(obs=[0, 255], act=-128, next_obs=[1, 2], rew=0.5, done=0)
+        rb.add(obs=[[3, 4], [5, 6]], act=[127, 0], next_obs=[[4, 5], [6, 7]], rew=[1.0, 1.0],
+               done=[0, 1])
+        before = rb.get_all_transitions()
+        for bad, column in ((dict(act=300), "act"), (dict(act=[1, -129]), "act"),
+                            (dict(obs=[0, 256]), "obs"), (dict(obs=[-1, 0]), "obs"),
+                            (dict(act=2**63), "act"), (dict(act=10**400), "act")):
+            one = dict(obs=[0, 1], act=1, next_obs=[1, 2], rew=0.0, done=0)
+            if isinstance(bad.get("act"), list):
+                one = dict(obs=[[0, 1], [2, 3]], act=None, next_obs=[[1, 2], [3, 4]],
+                           rew=[0.0, 0.0], done=[0, 0])
+            one.update(bad)
+            with pytest.raises(ValueError, match=rf"column '{column}' has dtype \w+; got "
+                                                 rf"-?\d+(\.\.\.)?, outside its range"):
+                rb.add(**one)
+            after = rb.get_all_transitions()
+            assert all(np.array_equal(before[key], after[key]) for key in before), bad
+        rows_stored = rb.get_all_transitions()
+        assert rows_stored["act"].dtype == np.int8 and rows_stored["obs"].dtype == np.uint8
+        assert rows_stored["act"].ravel().tolist()[:1] == [-128]
 
 
 def test_add_no_arguments(filled):
@@ -149,6 +194,8 @@ def test_bad_single_priority(per):
     pytest.param(2**63, ValueError, id="2**63"), pytest.param(10**400, ValueError, id="10**400"),
     pytest.param(np.uint64(2**63), ValueError, id="np.uint64(2**63)"),
     pytest.param(2**62, ValueError, id="2**62"), pytest.param(2**61 + 5, ValueError, id="2**61+5"),
+    # An np.integer whose int() is a datetime.timedelta: refused as not an int, by name.
+    pytest.param(np.timedelta64(2, "s"), TypeError, id="timedelta64"),
 ])
 def test_bad_batch_size(filled, batch_size, error):
     check_refused(filled, lambda: filled.sample(batch_size), error, "batch_size")
@@ -157,6 +204,7 @@ def test_bad_batch_size(filled, batch_size, error):
 @pytest.mark.parametrize("beta, error", [
     (-0.1, ValueError), (math.nan, ValueError), (math.inf, ValueError), ("0.4", TypeError),
     (None, TypeError), pytest.param(10**400, ValueError, id="10**400"),
+    pytest.param(np.timedelta64(2, "s"), TypeError, id="timedelta64"),
 ])
 def test_bad_beta(per, beta, error):
     check_refused(per, lambda: per.sample(4, beta=beta), error, "beta")
@@ -189,7 +237,15 @@ BAD_UPDATES = {
     "too few generations": (([0, 1], [1.0, 1.0], [2]), ValueError, "generations"),
     "too many generations": (([0, 1], [1.0, 1.0], [2, 2, 2]), ValueError, "generations"),
     "float generations": (([0, 1], [1.0, 1.0], [2.0, 2.0]), TypeError, "generations"),
-    "negative generations": (([0, 1], [1.0, 1.0], [2, -2]), ValueError, "generations"),
+    "negative generations": (([0, 1], [1.0, 1.0], [2, -2]), ValueError,
+                             "generations must be >= 0; got -2 at position 1"),
+    # Python ints past int64 and uint64 are numpy's object arrays: they were "must be real
+    # numbers; got dtype object" (a priority) or "must be integers" (an index), for ints.
+    "priority past any float": (([0], [10 ** 400]), ValueError, "priorities must be finite"),
+    "index past uint64": (([2 ** 64], [1.0]), IndexError, "indexes must be below the stored"),
+    "index below int64": (([-2 ** 63 - 1], [1.0]), IndexError, "indexes"),
+    "generation past uint64": (([0], [1.0], [2 ** 64]), ValueError, "generations must be in"),
+    "timedelta64 indexes": ((np.array([0], "m8[s]"), [1.0]), TypeError, "indexes"),
 }
 
 
@@ -233,6 +289,19 @@ BAD_CONSTRUCTORS = {
     "alpha nan": (dict(alpha=math.nan), ValueError, "alpha"),
     "alpha str": (dict(alpha="0.6"), TypeError, "alpha"),
     "alpha past any float": (dict(alpha=10**400), ValueError, "alpha must be finite"),
+    "alpha timedelta64": (dict(alpha=np.timedelta64(1, "s")), TypeError, "alpha"),
+    "size timedelta64": (dict(size=np.timedelta64(8, "s")), TypeError, "size must be an int"),
+    "seed timedelta64": (dict(seed=np.timedelta64(8, "s")), TypeError, "seed"),
+    "shape timedelta64": (dict(env_dict={"obs": {"shape": np.timedelta64(3, "s")}}), TypeError,
+                          "shape"),
+    # numpy arrays have at most 64 dimensions (32 before numpy 2), and a batch adds one: such a
+    # buffer took rows it could never return ("maximum supported dimension", naming nothing).
+    "shape past numpy's dimensions": (dict(env_dict={"obs": {"shape": (1,) * 64}}), ValueError,
+                                      r"env_dict\['obs'\]\['shape'\] has 64 dimensions"),
+    # A NUL ended the name where the system read it: 'a\0b' made (and attached to) 'a'.
+    "name with NUL": (dict(name="cpprb_ray_nul\0tail"), ValueError, "name must be .* NUL"),
+    "path with NUL": (dict(backend="mmap", path="/tmp/cpprb_ray_test_never_created\0x"),
+                      ValueError, "path must not contain NUL"),
     "eps past any float": (dict(eps=10**400), ValueError, "eps must be finite"),
     "lock_timeout past any float": (dict(lock_timeout=10**400), ValueError,
                                     "lock_timeout must be finite"),
@@ -352,6 +421,26 @@ def test_attach_missing(backend):
 def test_attach_bad_argument():
     with pytest.raises(TypeError, match="name_or_path"):
         cpprb_ray.attach(42)
+    with pytest.raises(ValueError, match="name_or_path must not contain NUL"):
+        cpprb_ray.attach("/tmp/cpprb_ray_test_never_created\0x")
+    # A name far too long is shown cut: the message had echoed all 5000 characters.
+    with pytest.raises(ValueError, match=r"^name must be 1-200 characters .{0,100}\.\.\.$"):
+        cpprb_ray.attach("x" * 5000)
+
+
+def test_numbers_in_messages_are_cut():
+    # A size or lane count of 10**400 was echoed whole (401 digits) in its error.
+    with pytest.raises(ValueError) as caught:
+        ReplayBuffer(8, {"obs": {"shape": 4, "dtype": np.uint8}}, lanes=10**400)
+    assert "lanes=100000000000000000000000..." in str(caught.value)
+    assert len(str(caught.value)) < 200
+
+
+def test_update_takes_python_ints_past_int64_as_add_does(per):
+    # add took priorities=2**64 (1.8e19); update refused the same int as "not real numbers".
+    per.update_priorities([0], [2**64])
+    per.add(**ONE, priorities=2**64)
+    assert per.get_max_priority() == float(2**64)
 
 
 def _real_bytes(backend: str, prioritized: bool = True) -> bytes:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import cpprb_ray
-from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer
+from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer, _rules
 
 ENV = {
     "obs": {"shape": 3},
@@ -226,9 +226,10 @@ LIST_DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_]
 @pytest.mark.parametrize("dtype", LIST_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_python_lists_follow_numpy(dtype):
     """A flat list of Python numbers (converted without numpy where it is a plain cast) stores
-    what the same list made an array first stores, or fails with the same kind of error, for
-    every mix of floats, ints and bools, as a batch of a scalar column and as one row of a
-    1-D column; a failed add leaves the buffer as it was."""
+    what add's general rule makes of it (_rules.column_array: numpy's same_kind casting, with
+    Python ints taken by their value), or fails with the same kind of error, for every mix of
+    floats, ints and bools, as a batch of a scalar column and as one row of a 1-D column; a
+    failed add leaves the buffer as it was."""
     rng = np.random.default_rng(7)
     pools = {"float": lambda: float(rng.normal() * 1e3),
              "int": lambda: int(rng.integers(-2**40, 2**40)),
@@ -244,7 +245,8 @@ def test_python_lists_follow_numpy(dtype):
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        reference.add(**{k: np.asarray(v) for k, v in value.items()})
+                        reference.add(**{k: _rules.column_array(v, np.dtype(dtype), k)
+                                         for k, v in value.items()})
                 except (TypeError, ValueError) as error:
                     before = ours.get_stored_size(), ours.get_next_index()
                     with pytest.raises(type(error)):
