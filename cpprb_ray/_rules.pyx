@@ -10,6 +10,8 @@ a buffer: callers check, then change.
 from libc.float cimport DBL_MAX
 from libc.math cimport INFINITY, pow
 
+import warnings
+
 import numpy as np
 
 _INT64 = np.dtype(np.int64)
@@ -28,12 +30,22 @@ def _int_objects(array):
     return array.dtype == object and all(type(item) is int for item in array.flat)
 
 
+# numpy before 1.24 made nested lists of uneven lengths an object array, with this warning;
+# later versions raise ValueError.
+_RAGGED_WARNING = (np.VisibleDeprecationWarning
+                   if np.lib.NumpyVersion(np.__version__) < "1.24.0" else None)
+
+
 def _as_array(value, str name):
     """np.asarray(value), or ValueError naming `name` for nested lists of uneven lengths
     (numpy's own message names nothing)."""
     try:
-        return np.asarray(value)
-    except ValueError as error:
+        if _RAGGED_WARNING is None:
+            return np.asarray(value)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", _RAGGED_WARNING)
+            return np.asarray(value)
+    except (ValueError, _RAGGED_WARNING or ValueError) as error:
         raise ValueError(f"{name} must be a rectangular array of numbers; got {shown(value)} "
                          f"({error})") from None
 
@@ -484,8 +496,10 @@ def column_array(value, column, str name):
         if column.kind in "iu":
             info = np.iinfo(column)
             if array.size:
-                low, high = (min(array.flat), max(array.flat)) if array.dtype == object else (
-                    array.min(), array.max())
+                # As Python ints: numpy 1.x compares a uint64 with an int64 bound as floats,
+                # and 2**63 then equals 2**63 - 1.
+                low, high = ((min(array.flat), max(array.flat)) if array.dtype == object
+                             else (int(array.min()), int(array.max())))
                 if low < info.min or high > info.max:
                     raise ValueError(f"column {name!r} has dtype {column}; got "
                                      f"{shown(low if low < info.min else high)}, outside its "
