@@ -126,13 +126,20 @@ def sweeper() -> Callable[[], None]:
     return sweep
 
 
+def cold_call(sweep: Callable[[], None], call: Callable[[], Any]) -> int:
+    """Nanoseconds of one `call` right after a sweep (not timed)."""
+    sweep()
+    start = time.perf_counter_ns()
+    call()
+    return time.perf_counter_ns() - start
+
+
 def probe_cold(rounds: int) -> None:
     ours = libraries.make_ours(cpprb_ray, CAPACITY, SEED)
     try:
         calls = cold_steps(ours)
         sweep = sweeper()
         keys = list(calls)
-        clock = time.perf_counter_ns
         for order in ORDERS + ORDERS:
             times: Dict[str, List[int]] = {key: [] for key in keys}
             gc.collect()
@@ -147,10 +154,7 @@ def probe_cold(rounds: int) -> None:
                         if order == "own":
                             sweep()
                             calls[key]()
-                        sweep()
-                        start = clock()
-                        calls[key]()
-                        times[key].append(clock() - start)
+                        times[key].append(cold_call(sweep, calls[key]))
             finally:
                 gc.enable()
             medians = {key: float(np.median(series)) for key, series in times.items()}
@@ -189,10 +193,7 @@ def probe_modes(rounds: int) -> None:
                 times["probe"].append(clock() - start)
                 shift = round_number % len(keys)
                 for key in keys[shift:] + keys[:shift]:
-                    sweep()
-                    start = clock()
-                    calls[key]()
-                    times[key].append(clock() - start)
+                    times[key].append(cold_call(sweep, calls[key]))
         finally:
             gc.enable()
         del memory
