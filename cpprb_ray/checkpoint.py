@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cpprb_ray import _compat, _layout, _rules, _store, nstep, rate_limiters
+from cpprb_ray import _compat, _layout, _memory, _rules, _store, nstep, rate_limiters
 from cpprb_ray._atomic import remove_stale_temporaries, write_atomically
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "remove_stale_temporaries", "save",
@@ -77,10 +77,7 @@ def path_of(file: Any, what: str = "a path (str, bytes or os.PathLike)") -> str:
     taken as a file descriptor: open() would read it and close it)."""
     if not isinstance(file, (str, bytes, os.PathLike)):
         raise TypeError(f"file must be {what}; got {type(file).__name__}")
-    path = os.fsdecode(os.fspath(file))
-    if "\0" in path:
-        raise ValueError(f"file must not contain NUL; got {_rules.shown(repr(path), 60)}")
-    return path
+    return _memory.check_path(os.fsdecode(os.fspath(file)), "file")
 
 
 def check_target(path: str) -> None:
