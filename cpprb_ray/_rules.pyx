@@ -30,6 +30,12 @@ def _int_objects(array):
     return array.dtype == object and all(type(item) is int for item in array.flat)
 
 
+def _farthest(array):
+    """The entry of an object array of Python ints farthest from 0, as a message shows it:
+    the one that put the array past every numpy integer."""
+    return shown(max(array.flat, key=abs))
+
+
 # numpy before 1.24 made nested lists of uneven lengths an object array, with this warning;
 # later versions raise ValueError.
 _RAGGED_WARNING = (np.VisibleDeprecationWarning
@@ -278,7 +284,7 @@ def real_vector(values, Py_ssize_t count, str name, str per="row"):
         try:
             array = array.astype(_FLOAT64)
         except OverflowError:
-            raise ValueError(f"{name} must be finite; got {shown(max(array.flat))}") from None
+            raise ValueError(f"{name} must be finite; got {_farthest(array)}") from None
     if array.dtype.kind not in "iuf":
         raise TypeError(f"{name} must be real numbers; got dtype {array.dtype}")
     if array.ndim > 1:
@@ -318,8 +324,8 @@ def index_vector(indexes, str name):
     """
     array = indexes if type(indexes) is np.ndarray else _as_array(indexes, name)
     if _int_objects(array):     # Python ints past uint64 or below int64: in no buffer's range
-        far = max(array.flat, key=abs)
-        raise IndexError(f"{name} must be below the stored size and >= 0; got {shown(far)}")
+        raise IndexError(f"{name} must be below the stored size and >= 0; got "
+                         f"{_farthest(array)}")
     if array.dtype.kind not in "iu":
         if not (array.size == 0 and array.dtype.kind == "f"):   # [] is float64 to numpy
             raise TypeError(f"{name} must be integers; got dtype {array.dtype}")
@@ -367,8 +373,7 @@ def generation_vector(generations, Py_ssize_t count):
     array = (generations if type(generations) is _ndarray
              else _as_array(generations, "generations"))
     if _int_objects(array):
-        far = max(array.flat, key=abs)
-        raise ValueError(f"generations must be in [0, 2**64); got {shown(far)}")
+        raise ValueError(f"generations must be in [0, 2**64); got {_farthest(array)}")
     if array.dtype.kind not in "iu" and array.size:
         raise TypeError(f"generations must be unsigned integers; got dtype {array.dtype}")
     if array.ndim > 1 or array.size != count:
@@ -510,7 +515,7 @@ def column_array(value, column, str name):
                 return array.astype(_FLOAT64).astype(column)
             except OverflowError:
                 raise ValueError(f"column {name!r} has dtype {column}; got "
-                                 f"{shown(max(array.flat, key=abs))}, past any float") from None
+                                 f"{_farthest(array)}, past any float") from None
     if not can_cast(array.dtype, column):
         raise cast_error(name, column, array.dtype)
     return array.astype(column)
