@@ -40,9 +40,11 @@ PYTHON37 ?= $(call find_python,python3.7 $(shell ls -d $(PYENV_ROOT)/versions/3.
 
 PIP_FLAGS ?= -q
 PYTEST_ARGS ?=
-EXT_SOURCES := $(wildcard cpprb_ray/*.pyx cpprb_ray/*.pxd)
-EXTENSIONS := _segtree _sync _rules _core _columns _lanes _store
-IMPORT_EXTENSIONS := import cpprb_ray._segtree, cpprb_ray._sync, cpprb_ray._rules, cpprb_ray._core, cpprb_ray._columns, cpprb_ray._lanes, cpprb_ray._store, cpprb_ray._mapping
+EXT_SOURCES := $(wildcard cpprb_ray/*.pyx cpprb_ray/*.pxd cpprb_ray/*.pxi)
+EXTENSIONS := _segtree _sync _rules _segment _core _columns _lanes _outputs _store _lanestore _image _mapping
+comma := ,
+space := $(eval) $(eval)
+IMPORT_EXTENSIONS := import $(subst $(space),$(comma) ,$(addprefix cpprb_ray.,$(EXTENSIONS)))
 
 # Everything (but Python itself) that CI needs, pinned for CPython 3.7.
 PY37_DEPS := "cython>=3.0,<3.1" "numpy>=1.21,<1.22" "ray==2.7.2" pytest hypothesis cloudpickle \
@@ -100,7 +102,7 @@ lint: venv
 	.venv/bin/mypy cpprb_ray
 	.venv/bin/python -m mypy.stubtest cpprb_ray --allowlist .ci/stubtest-allowlist.txt
 	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/cython-lint --max-line-length 100 \
-	    cpprb_ray/*.pyx cpprb_ray/*.pxd
+	    cpprb_ray/*.pyx cpprb_ray/*.pxd cpprb_ray/*.pxi
 
 # The documentation site: Sphinx with MyST (the pages stay Markdown) and autodoc over the
 # docstrings, strict (-W: any warning fails the build). Sphinx comes with the "docs" extra,

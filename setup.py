@@ -60,13 +60,13 @@ extensions = [
         libraries=libraries,
         define_macros=macros,
     )
-    for name in ("_segtree", "_sync", "_rules", "_core", "_columns", "_lanes", "_store",
-                 "_mapping")
+    for name in ("_segtree", "_sync", "_rules", "_segment", "_core", "_columns", "_lanes",
+                 "_outputs", "_store", "_lanestore", "_image", "_mapping")
 ]
 
 setup(
     license="MIT",  # dynamic in pyproject.toml: one spelling that setuptools 68 (3.7) to 84+ accept
-    # Both steps use every CPU: the six modules are cythonized and compiled side by side (CI
+    # Both steps use every CPU: the modules are cythonized and compiled side by side (CI
     # builds them five times, on two cores).
     options={"build": {"build_base": BUILD_BASE},
              "build_ext": {"parallel": os.cpu_count() or 1}},

@@ -13,7 +13,9 @@ import sys
 import tarfile
 import zipfile
 
-EXTENSIONS = ("_segtree", "_sync", "_store")
+# Every extension module of the package (setup.py builds these); each ships with its .pyi stub.
+EXTENSIONS = ("_segtree", "_sync", "_rules", "_segment", "_core", "_columns", "_lanes", "_outputs",
+              "_store", "_lanestore", "_image", "_mapping")
 
 
 def check_contents(dist):
@@ -64,10 +66,10 @@ def smoke():
     import numpy as np
 
     import cpprb_ray
-    from cpprb_ray import _segtree, _store, _sync
+    from cpprb_ray import _segment, _segtree, _store, _sync
 
     here = os.path.realpath(os.getcwd())
-    for module in (cpprb_ray, _segtree, _sync, _store):
+    for module in (cpprb_ray, _segtree, _sync, _segment, _store):
         location = os.path.realpath(module.__file__)
         print(f"{module.__name__}: {location}")
         if "site-packages" not in location or location.startswith(here):
@@ -88,8 +90,8 @@ def smoke():
         problems.append("SharedMutex.acquire() reported a dead owner on a new mutex")
     mutex.release()
 
-    if _store.tree_nbytes(10) != _segtree.SegmentTree.nbytes(10):
-        problems.append("_store.tree_nbytes disagrees with SegmentTree.nbytes")
+    if _segment.tree_nbytes(10) != _segtree.SegmentTree.nbytes(10):
+        problems.append("_segment.tree_nbytes disagrees with SegmentTree.nbytes")
 
     with cpprb_ray.PrioritizedReplayBuffer(16, {"obs": {"shape": 3}, "rew": {}}) as rb:
         rb.add(obs=np.ones((4, 3)), rew=np.arange(4.0))

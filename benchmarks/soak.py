@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 import cpprb_ray
-from cpprb_ray import _store
+from cpprb_ray import _segment, _store
 
 PAYLOAD = 16
 ENV = {"writer": {"dtype": "int32"}, "serial": {"dtype": "int64"},
@@ -335,7 +335,7 @@ def leaked_segments(name: str, backend: str) -> List[str]:
             path = os.path.join(directory, entry)
             try:
                 with open(path, "rb") as handle:
-                    header = _store.read_header(bytearray(handle.read(_store.HEADER_NBYTES)))
+                    header = _segment.read_header(bytearray(handle.read(_segment.HEADER_NBYTES)))
                     handle.seek(header["layout_offset"])
                     meta = json.loads(handle.read(header["layout_length"]))["meta"]
             except (OSError, ValueError, KeyError, TypeError):

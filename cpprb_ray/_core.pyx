@@ -14,13 +14,15 @@ holder killed between two instructions leaves exactly the stores it had issued, 
 """
 
 from libc.math cimport floor, isfinite, powf
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
-from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_BYTES, LIMITER_NONE, Limiter,
-                                 limiter_admits)
+from cpprb_ray._limiter cimport LIMITER_NONE, Limiter, limiter_admits
 from cpprb_ray._prefetch cimport prefetch
 from cpprb_ray._rules cimport leaf_weight
+from cpprb_ray._segment cimport (LIMITER_AT, MUTEX_AT, OP_ADD, OP_CLEAR, OP_NONE, OP_UPDATE,
+                                 ST_ALL_TORN, ST_ALL_ZERO, ST_CORRUPT, ST_EMPTY, ST_LOCK_ERROR,
+                                 ST_LOCK_TIMEOUT, ST_NAN_TREE, ST_OK, Header, header_problem)
 from cpprb_ray._segtree cimport (Xoshiro256, is_unset, rng_uniform, tree_bind,
                                  tree_clear_all, tree_min, tree_rebuild, tree_refresh,
                                  tree_refresh_range, tree_sample, tree_total, unset_leaf)
@@ -49,20 +51,8 @@ cdef extern from *:
 cdef enum:
     GATHER_AHEAD = 8      # records asked for ahead of their use, so that misses overlap
 
-# The header must fit the space the segment reserves for it: an array of negative size fails the
-# C compile, so this is checked when the extension is built, not when it is imported.
-cdef enum:
-    HEADER_SPARE_BYTES = HEADER_BYTES - sizeof(Header)
-cdef char header_fits_its_space[HEADER_SPARE_BYTES + 1]
-cdef enum:
-    LIMITER_SPARE_BYTES = LIMITER_BYTES - sizeof(Limiter)
-cdef char limiter_fits_its_space[LIMITER_SPARE_BYTES + 1]
-cdef enum:
-    LIMITER_GAP_BYTES = LAYOUT_AT - (LIMITER_AT + LIMITER_BYTES)
-cdef char limiter_ends_before_the_layout[LIMITER_GAP_BYTES + 1]
 
-
-cdef inline void copy_field(uint8_t* dst, const uint8_t* src, int64_t size) noexcept nogil:
+cdef void copy_field(uint8_t* dst, const uint8_t* src, int64_t size) noexcept nogil:
     # Small fixed sizes are the common case (scalars, float32[4]); let the compiler inline them.
     if size == 4:
         memcpy(dst, src, 4)
@@ -74,11 +64,11 @@ cdef inline void copy_field(uint8_t* dst, const uint8_t* src, int64_t size) noex
         memcpy(dst, src, <size_t>size)
 
 
-cdef inline uint64_t* generation_of(StoreView* view, int64_t slot) noexcept nogil:
+cdef uint64_t* generation_of(const StoreView* view, int64_t slot) noexcept nogil:
     return <uint64_t*>(view.rows + slot * view.stride)
 
 
-cdef inline void prefetch_record(const StoreView* view, int64_t slot) noexcept nogil:
+cdef void prefetch_record(const StoreView* view, int64_t slot) noexcept nogil:
     cdef const uint8_t* record = view.rows + slot * view.stride
     cdef int64_t line
     for line in range(0, view.stride, 64):
@@ -90,47 +80,60 @@ cdef void publish(uint64_t* op, uint64_t value) noexcept nogil:
     publish_op(op, value)
 
 
-# -- lanes (the slot arithmetic every kernel shares; the lane kernels are in _lanes.pyx) ---------
-
-cdef int64_t lane_start(const StoreView* view, int64_t lane) noexcept nogil:
-    """First slot of `lane` (lane_count: the capacity). Lanes differ in size by one at most."""
-    return lane * view.capacity // view.lane_count
-
-
-cdef int64_t lane_of(const StoreView* view, int64_t slot) noexcept nogil:
-    # The largest i with i * capacity // lanes <= slot.
-    return ((slot + 1) * view.lane_count - 1) // view.capacity
-
-
-cdef int32_t* link_of(StoreView* view, int64_t slot) noexcept nogil:
-    """A laned record's link: >= 1 a live row (its obs stack ends that many slots back), else
-    a slot that holds only frames, was never written, or whose row is gone (_lanes.pxd)."""
-    return <int32_t*>(view.rows + slot * view.stride + view.link_offset)
+cdef double row_weight(const double* weights, int64_t row, const Header* header,
+                       double* weight_of_max) noexcept nogil:
+    """The leaf weight of an added row: its given weight, or for a row without one (`weights`
+    NULL, or NaN there) the weight of the largest priority seen, read under the lock as every
+    add reads it (`weight_of_max`: that weight once computed, < 0 before)."""
+    cdef double weight
+    if weights != NULL:
+        weight = weights[row]
+        if weight == weight:
+            return weight
+    if weight_of_max[0] < 0.0:
+        weight_of_max[0] = leaf_weight(header.max_priority, header.eps, header.alpha)
+    return weight_of_max[0]
 
 
-cdef int32_t* ahead_of(StoreView* view, int64_t slot) noexcept nogil:
-    """A laned row's second int32: how many slots ahead its next stack ends (>= 0), or
-    ROW_INCOMPLETE."""
-    return <int32_t*>(view.rows + slot * view.stride + view.link_offset + 4)
+# -- the ring's part: rows fill the slots below the stored size, in order ----------------------
+
+cdef void ring_undo_add(StoreView* view) noexcept nogil:
+    """store_repair's undo of a ring add in flight: its slots torn (generation odd, leaf unset)
+    and the ring's position and size as they were. The pending fields are bounded by the
+    capacity first: a flipped one must not write outside the rows or loop for 2**62 slots."""
+    cdef Header* h = view.header
+    cdef uint64_t capacity = <uint64_t>view.capacity
+    cdef uint64_t k, slot, count
+    count = h.pending_count if h.pending_count <= capacity else capacity
+    for k in range(count):
+        slot = (h.pending_start % capacity + k) % capacity
+        view.tree.sums[slot] = unset_leaf()
+        generation_of(view, <int64_t>slot)[0] |= 1
+    h.next_index = h.pending_old_next % capacity
+    h.stored_size = (h.pending_old_stored if h.pending_old_stored <= capacity else capacity)
 
 
-cdef bint is_live_row(StoreView* view, int64_t slot) noexcept nogil:
-    """A complete, committed row (what sample may return and update may weigh)."""
-    return (link_of(view, slot)[0] >= 1 and ahead_of(view, slot)[0] >= 0
-            and not generation_of(view, slot)[0] & 1)
-
-
-cdef int64_t count_live_rows(StoreView* view) noexcept nogil:
-    cdef int64_t slot, live = 0
-    for slot in range(view.capacity):
-        if is_live_row(view, slot):
-            live += 1
-    return live
+cdef void ring_clear_rows(StoreView* view) noexcept nogil:
+    """store_clear's part: the generation of every slot that can hold a row moves on."""
+    cdef uint64_t stored = view.header.stored_size
+    cdef uint64_t slot
+    cdef uint64_t* generation
+    # The repair calls this before the header is checked: a stored size past the capacity
+    # (no writer leaves one) must not walk records that do not exist. Only slots ever written
+    # can hold a row: a slot past the stored size was never written since the last clear (the
+    # ring fills from 0), so it is neither read nor touched. (An empty buffer's clear used to
+    # walk every record of the whole segment.)
+    if stored > <uint64_t>view.capacity:
+        stored = <uint64_t>view.capacity
+    for slot in range(stored):
+        generation = generation_of(view, <int64_t>slot)
+        generation[0] = (generation[0] | 1) + 1
 
 
 cdef void view_bind(StoreView* view, uint8_t* base, const int64_t* columns,
                     const int64_t* row_bytes, int column_count) noexcept nogil:
-    """Point `view` at a segment whose header and layout were validated (_layout.read)."""
+    """Point `view` at a segment whose header and layout were validated (_layout.read), with
+    the ring's part; another part (_lanes.lanes_bind) replaces it before the first call."""
     cdef Header* header = <Header*>base
     view.header = header
     view.mutex = <pthread_mutex_t*>(base + MUTEX_AT)
@@ -145,24 +148,13 @@ cdef void view_bind(StoreView* view, uint8_t* base, const int64_t* columns,
     view.lock_errno = 0
     view.limiter = <Limiter*>(base + LIMITER_AT)
     view.limited = view.limiter.kind != LIMITER_NONE
-    view.lanes = NULL            # _store binds the lane table of a laned layout
-    view.lane_count = 0
-    view.link_offset = -1
-
-
-cdef int64_t header_problem(const Header* header) noexcept nogil:
-    """0, or 1 + the index of the first field that no writer ever leaves: the kernels index
-    rows and leaves with these, so they are checked under the lock before every operation."""
-    cdef uint64_t capacity = header.capacity
-    if header.next_index >= capacity:
-        return 1
-    if header.stored_size > capacity:
-        return 2
-    if not (isfinite(header.max_priority) and header.max_priority >= 0.0):
-        return 3
-    if header.op > OP_CLEAR:
-        return 4
-    return 0
+    view.part.undo_add = ring_undo_add
+    view.part.clear_rows = ring_clear_rows
+    view.part.holds_row = NULL
+    view.part.count_rows = NULL
+    view.lanes.records = NULL
+    view.lanes.count = 0
+    view.lanes.link_offset = -1
 
 
 # -- locking and repair -------------------------------------------------------------------------
@@ -205,35 +197,20 @@ cdef void store_unlock(StoreView* view) noexcept nogil:
 
 
 cdef void store_repair(StoreView* view) noexcept nogil:
-    """Undo what a holder killed mid-operation left; idempotent (the repairer may die too).
-
-    The pending fields are bounded by the capacity before use: a repair must never write
-    outside the rows or loop for 2**62 slots because one of them was flipped."""
+    """Undo what a holder killed mid-operation left; idempotent (the repairer may die too)."""
     cdef Header* h = view.header
-    cdef uint64_t capacity = <uint64_t>view.capacity
-    cdef uint64_t k, slot, count
     if h.op == OP_ADD:
-        if view.lanes != NULL:
-            lanes_undo_add(view)
-        else:
-            count = h.pending_count if h.pending_count <= capacity else capacity
-            for k in range(count):
-                slot = (h.pending_start % capacity + k) % capacity
-                view.tree.sums[slot] = unset_leaf()
-                generation_of(view, <int64_t>slot)[0] |= 1
-            h.next_index = h.pending_old_next % capacity
-            h.stored_size = (h.pending_old_stored if h.pending_old_stored <= capacity
-                             else capacity)
+        view.part.undo_add(view)
         h.rows_added = h.pending_old_rows_added
         h.max_priority = (h.pending_old_max_priority
                           if isfinite(h.pending_old_max_priority)
                           and h.pending_old_max_priority >= 0.0 else 1.0)
     elif h.op == OP_CLEAR:
         store_clear(view)
-    if view.lanes != NULL:
-        # Evictions move a laned buffer's stored size outside any add's record: count again.
+    if view.part.count_rows != NULL:
+        # Rows that moved outside any add's record (a part's evictions): count them again.
         h.pending_lane = 0
-        h.stored_size = count_live_rows(view)
+        h.stored_size = <uint64_t>view.part.count_rows(view)
     # Every node, padding included: a corrupt padding node would otherwise steer searches
     # past the last slot.
     tree_rebuild(&view.tree)
@@ -241,37 +218,14 @@ cdef void store_repair(StoreView* view) noexcept nogil:
     h.repairs += 1
 
 
-cdef void lanes_undo_add(StoreView* view) noexcept nogil:
-    """store_repair's undo of a laned add in flight: its slots torn (generation odd, leaf
-    unset, link dead) and its lane's head where it was; rows it had evicted stay evicted
-    (their slots were about to be overwritten)."""
-    cdef Header* h = view.header
-    cdef int64_t lane, first, size, k, slot, count
-    cdef Lane* record
-    if not 1 <= h.pending_lane <= <uint64_t>view.lane_count:
-        return
-    lane = <int64_t>h.pending_lane - 1
-    first = lane_start(view, lane)
-    size = lane_start(view, lane + 1) - first
-    record = &view.lanes[lane]
-    count = <int64_t>h.pending_count if h.pending_count <= <uint64_t>size else size
-    for k in range(count):
-        slot = first + (<int64_t>(h.pending_start % <uint64_t>size) + k) % size
-        view.tree.sums[slot] = unset_leaf()
-        generation_of(view, slot)[0] |= 1
-        link_of(view, slot)[0] = LINK_DEAD
-    record.head = h.pending_old_next % <uint64_t>size
-    record.filled = h.pending_old_stored if h.pending_old_stored <= <uint64_t>size else size
-    record.writes += 1        # whatever a writer cached of this lane is stale now
-
-
 # -- add ----------------------------------------------------------------------------------------
 
 cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
                        const double* priorities, const double* weights) noexcept nogil:
     """Write `count` rows (each column's `sources` holds them back to back); returns the first
-    slot written. `weights` are the rows' leaf weights (NULL: every row gets the weight of
-    max_priority, `weight_of_max` below), `priorities` their raw priorities (NULL with it)."""
+    slot written. `weights` are the rows' leaf weights and `priorities` their raw priorities
+    (NULL: none given; a NaN in both: that row's not given): a row without one gets the weight
+    of the largest priority seen (row_weight)."""
     cdef Header* h = view.header
     cdef int64_t capacity = view.capacity
     cdef int64_t skipped = count - capacity if count > capacity else 0
@@ -279,11 +233,9 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
     cdef int64_t start = (<int64_t>h.next_index + skipped) % capacity
     cdef int64_t first_part = min(written, capacity - start)
     cdef int64_t k, slot, c, size
-    cdef double weight = 0.0, max_priority = h.max_priority
+    cdef double weight, weight_of_max = -1.0, max_priority = h.max_priority
     cdef uint8_t* record
     cdef uint64_t* generation
-    if weights == NULL:
-        weight = leaf_weight(max_priority, h.eps, h.alpha)   # the same for every new row
     # 1. Say what we are about to do, so a repairer can undo it.
     h.pending_start = start
     h.pending_count = written
@@ -303,8 +255,7 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
             size = view.row_bytes[c]
             copy_field(record + view.columns[c], sources[c] + (skipped + k) * size, size)
         if view.prioritized:
-            if weights != NULL:
-                weight = weights[skipped + k]
+            weight = row_weight(weights, skipped + k, h, &weight_of_max)
             # A zero weight is kept out of min() (weights divide by it) like an unset leaf.
             view.tree.sums[slot] = weight if weight > 0.0 else unset_leaf()
     if view.prioritized:
@@ -325,24 +276,25 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
 
 # -- sample -------------------------------------------------------------------------------------
 
-cdef int64_t any_committed(StoreView* view, int64_t stored) noexcept nogil:
+cdef bint any_committed(StoreView* view, int64_t stored) noexcept nogil:
     cdef int64_t slot
-    if view.lanes != NULL:
-        return count_live_rows(view) > 0
+    if view.part.count_rows != NULL:
+        return view.part.count_rows(view) > 0
     for slot in range(stored):
         if not generation_of(view, slot)[0] & 1:
-            return 1
-    return 0
+            return True
+    return False
 
 
 cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double beta,
                         double* scratch, int64_t* indexes, float* weights) noexcept nogil:
     """Draw `batch` slots (proportional when prioritized, else uniform over committed rows)
-    with their importance weights; returns `batch` or a Status. `scratch` holds `batch`
-    doubles. A laned buffer always has a tree (uniform ones weigh every row 1)."""
+    with their importance weights (`weights` NULL: none wanted); returns `batch` or a Status.
+    `scratch` holds `batch` doubles. A part whose rows lie anywhere always has a tree (a
+    uniform one weighs every row 1)."""
     cdef Header* h = view.header
     cdef int64_t k, index, stored = h.stored_size, tries
-    cdef int64_t bound = view.capacity if view.lanes != NULL else stored
+    cdef RowTest holds_row = view.part.holds_row
     cdef double total, inverse_lowest
     if stored == 0:
         return ST_EMPTY
@@ -355,17 +307,21 @@ cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double 
         if tree_sample(&view.tree, rng, scratch, indexes, batch):
             return ST_CORRUPT       # a padding node that is not 0 steered a walk
         for k in range(batch):
-            # The tree only reaches set leaves below the stored size (in a laned buffer: of
-            # live rows); anything else is a corrupt node, and must not become an address.
-            if indexes[k] < 0 or indexes[k] >= bound:
-                return ST_CORRUPT
-            if view.lanes != NULL and not is_live_row(view, indexes[k]):
+            # The tree only reaches set leaves of committed rows; anything else is a corrupt
+            # node, and must not become an address.
+            if holds_row == NULL:
+                if indexes[k] < 0 or indexes[k] >= stored:
+                    return ST_CORRUPT
+            elif (indexes[k] < 0 or indexes[k] >= view.capacity
+                  or not holds_row(view, indexes[k])):
                 return ST_CORRUPT
         # Ask for every sampled record now: their misses then overlap the weights below
         # instead of waiting for the gather. (Asking from inside the walk, as each leaf is
         # found, measured slower: those misses then compete with the walk's own.)
         for k in range(batch):
             prefetch_record(view, indexes[k])
+        if weights == NULL:
+            return batch
         # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta. The weights are
         # float32, so float32 powf (about 1e-7 relative) is exact enough and much cheaper.
         inverse_lowest = 1.0 / tree_min(&view.tree)
@@ -390,19 +346,17 @@ cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double 
                         return ST_ALL_TORN
                     break
             indexes[k] = index
-            weights[k] = 1.0
+            if weights != NULL:
+                weights[k] = 1.0
     return batch
 
 
-cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, double beta,
-                          double* scratch, int64_t* indexes, float* weights,
+cdef int64_t store_gather(StoreView* view, const int64_t* indexes, int64_t batch,
                           uint64_t* generations, uint8_t** outputs) noexcept nogil:
-    """store_draw, then copy the drawn rows out; returns `batch` or a Status."""
+    """Copy the records of `indexes` (drawn under the same lock) out, column by column, with
+    their generations: the ring's gather; returns `batch`."""
     cdef int64_t k, c, size
     cdef const uint8_t* record
-    cdef int64_t drawn = store_draw(view, rng, batch, beta, scratch, indexes, weights)
-    if drawn < 0:
-        return drawn
     for k in range(min(batch, GATHER_AHEAD)):
         prefetch_record(view, indexes[k])
     for k in range(batch):
@@ -413,7 +367,6 @@ cdef int64_t store_sample(StoreView* view, Xoshiro256* rng, int64_t batch, doubl
         for c in range(view.column_count):
             size = view.row_bytes[c]
             copy_field(outputs[c] + k * size, record + view.columns[c], size)
-    view.header.rows_sampled += batch
     return batch
 
 
@@ -433,7 +386,8 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
     they were sampled are skipped."""
     cdef Header* h = view.header
     cdef int64_t k, index, applied = 0
-    cdef int64_t stored = view.capacity if view.lanes != NULL else <int64_t>h.stored_size
+    cdef RowTest holds_row = view.part.holds_row
+    cdef int64_t bound = view.capacity if holds_row != NULL else <int64_t>h.stored_size
     cdef double weight, max_priority = h.max_priority
     cdef uint64_t generation
     # Software pipelining: ask for the leaf lines (and the record, when generations are
@@ -445,10 +399,10 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
         if k + GATHER_AHEAD < count:
             prefetch_update(view, indexes[k + GATHER_AHEAD], generations != NULL)
         index = indexes[k]
-        if index < 0 or index >= stored:
+        if index < 0 or index >= bound:
             continue          # cleared since validation
-        if view.lanes != NULL and (link_of(view, index)[0] < 1 or ahead_of(view, index)[0] < 0):
-            continue          # a laned slot without a complete row (frames only, evicted, open)
+        if holds_row != NULL and not holds_row(view, index):
+            continue          # a part's slot without a committed row (frames only, evicted, open)
         if generations != NULL:
             generation = generation_of(view, index)[0]
             if generation & 1 or generation != generations[k]:
@@ -473,28 +427,8 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
 
 cdef void store_clear(StoreView* view) noexcept nogil:
     """Forget every row; generations move on, so old samples cannot update new rows."""
-    cdef uint64_t stored = view.header.stored_size
-    cdef uint64_t slot
-    cdef uint64_t* generation
-    # The repair calls this before the header is checked: a stored size past the capacity
-    # (no writer leaves one) must not walk records that do not exist.
-    cdef int64_t lane
-    if stored > <uint64_t>view.capacity or view.lanes != NULL:
-        stored = <uint64_t>view.capacity      # a laned buffer's rows lie anywhere
     publish_op(&view.header.op, OP_CLEAR)
-    # Only slots ever written can hold a row: a slot past the stored size was never written
-    # since the last clear (the ring fills from 0), so it is neither read nor touched. (An empty
-    # buffer's clear used to walk every record of the whole segment.)
-    for slot in range(stored):
-        generation = generation_of(view, <int64_t>slot)
-        generation[0] = (generation[0] | 1) + 1
-        if view.lanes != NULL:
-            link_of(view, <int64_t>slot)[0] = LINK_DEAD
-    for lane in range(view.lane_count):
-        # Owners keep their lanes; what their writers cached of them is stale now.
-        view.lanes[lane].head = 0
-        view.lanes[lane].filled = 0
-        view.lanes[lane].writes += 1
+    view.part.clear_rows(view)
     tree_clear_all(&view.tree)
     view.header.next_index = 0
     view.header.stored_size = 0

@@ -2,16 +2,17 @@
 # Lanes and frames, nogil: a laned buffer's ring is split into contiguous sub-rings (lanes), each
 # written by one handle at a time; frame columns (next_of, stack_compress) keep one plane of a
 # stack per slot, and a row's stacks are read back from the slots before it in its lane.
-# _store.pyx validates, locks, and calls these through its driver; _core.pyx holds the slot
-# arithmetic (lane_start, lane_of, link_of) that its own kernels share.
+# The store validates, locks, and calls these through its driver; lanes_bind makes a view a
+# laned buffer's (the lane part's hooks, through which the core's own kernels see its rows).
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
 from cpprb_ray._core cimport StoreView
+from cpprb_ray._segment cimport Lane
 
 cdef enum:
     MAX_FRAME_COLUMNS = 8
-    ST_NO_LANE = -12         # every lane is owned by a live handle
+    MAX_STACK = 64           # planes per stack (checked by frames.py)
 
 # One frame column, for one call. A stack is C-contiguous (*plane_shape, stack) as the user
 # passes it: its planes interleave at `item_bytes`; the store keeps one plane per slot.
@@ -65,6 +66,9 @@ cdef struct LaneClaim:
     int64_t dead_count
     const uint64_t* dead     # 4 per entry: lane, and the owner (pid, start, token) seen dead
 
+cdef void lanes_bind(StoreView* view, Lane* records, int64_t count,
+                     int64_t link_offset) noexcept nogil
+cdef int64_t lane_start(const StoreView* view, int64_t lane) noexcept nogil
 cdef int64_t lanes_claim(StoreView* view, LaneClaim* claim) noexcept nogil
 cdef int64_t lanes_release(StoreView* view, int64_t lane, uint64_t token) noexcept nogil
 cdef int64_t lanes_add(StoreView* view, LaneAdd* add) noexcept nogil

@@ -6,7 +6,7 @@ that adds claims a lane and is its only writer until it closes or dies. So conse
 a lane hold one writer's stream, in order, and a frame column (next_of, stack_compress) needs
 only one plane of a stack per slot: a row's stack is the planes of the slots before it.
 
-Every slot has an int32 link right after its generation (_core.link_of): a row's link is how
+Every slot has an int32 link right after its generation (link_of): a row's link is how
 many slots back its obs stack ends (>= 1), a slot that only holds frames is LINK_FILLER. An add
 compares each transition with what its lane already holds (the writer's cached copy of the
 stack that ends the lane, keyed by the lane's write count, so a clear or a repair in between
@@ -17,18 +17,22 @@ ahead whose stacks reach back to it), so the ring moving on never hands out wron
 
 Crash protocol: as _core's add: the slots to write and the lane's head are recorded and
 published (OP_ADD, Header.pending_lane) before anything is evicted or written; _core's
-store_repair (lanes_undo_add) tears the recorded slots and puts the head back.
+store_repair (through this part's hook, lanes_undo_add) tears the recorded slots and puts the
+head back.
+
+The lanes are a part of the store (_core.RowsPart): ``lanes_bind`` gives a view the lane table
+and the hooks through which the core's own kernels (repair, draw, update, clear) learn where a
+laned buffer's rows are, without knowing lanes.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
-from cpprb_ray._core cimport (LINK_DEAD, LINK_FILLER, OP_ADD, OP_NONE, OP_UPDATE,
-                              ROW_INCOMPLETE, ST_CORRUPT, ST_LANE_FULL, ST_LANE_LOST, Header,
-                              Lane, StoreView, ahead_of, is_live_row, lane_of, lane_start,
-                              link_of, publish)
+from cpprb_ray._core cimport StoreView, generation_of, publish, row_weight
+from cpprb_ray._segment cimport (LINK_DEAD, LINK_FILLER, OP_ADD, OP_NONE, OP_UPDATE,
+                                 ROW_INCOMPLETE, ST_CORRUPT, ST_LANE_FULL, ST_LANE_LOST, ST_NO_LANE,
+                                 Header, Lane)
 from cpprb_ray._prefetch cimport prefetch
-from cpprb_ray._rules cimport leaf_weight
 from cpprb_ray._segtree cimport tree_refresh, tree_refresh_range, unset_leaf
 
 cdef extern from *:
@@ -69,12 +73,98 @@ cdef extern from *:
     void extract4 "cpprb_ray_extract4"(uint8_t* plane, const uint8_t* stack, int64_t j,
                                        int64_t pixels) noexcept nogil
 
-cdef enum:
-    MAX_STACK = 64           # planes per stack (checked by frames.py)
+# -- slots of lanes ----------------------------------------------------------------------------
+
+cdef int64_t lane_start(const StoreView* view, int64_t lane) noexcept nogil:
+    """First slot of `lane` (the lane count: the capacity). Lanes differ in size by one at most."""
+    return lane * view.capacity // view.lanes.count
 
 
-cdef inline uint64_t* generation_at(StoreView* view, int64_t slot) noexcept nogil:
-    return <uint64_t*>(view.rows + slot * view.stride)
+cdef int64_t lane_of(const StoreView* view, int64_t slot) noexcept nogil:
+    # The largest i with i * capacity // lanes <= slot.
+    return ((slot + 1) * view.lanes.count - 1) // view.capacity
+
+
+cdef int32_t* link_of(const StoreView* view, int64_t slot) noexcept nogil:
+    """A laned record's link: >= 1 a live row (its obs stack ends that many slots back), else
+    a slot that holds only frames, was never written, or whose row is gone (_segment.pxd)."""
+    return <int32_t*>(view.rows + slot * view.stride + view.lanes.link_offset)
+
+
+cdef int32_t* ahead_of(const StoreView* view, int64_t slot) noexcept nogil:
+    """A laned row's second int32: how many slots ahead its next stack ends (>= 0), or
+    ROW_INCOMPLETE."""
+    return <int32_t*>(view.rows + slot * view.stride + view.lanes.link_offset + 4)
+
+
+cdef bint is_live_row(const StoreView* view, int64_t slot) noexcept nogil:
+    """A complete, committed row (what sample may return and update may weigh): the lane part's
+    RowsPart.holds_row."""
+    return (link_of(view, slot)[0] >= 1 and ahead_of(view, slot)[0] >= 0
+            and not generation_of(view, slot)[0] & 1)
+
+
+cdef int64_t count_live_rows(const StoreView* view) noexcept nogil:
+    """The lane part's RowsPart.count_rows: evictions move a laned buffer's stored size outside
+    any add's record, so a repair counts its rows again."""
+    cdef int64_t slot, live = 0
+    for slot in range(view.capacity):
+        if is_live_row(view, slot):
+            live += 1
+    return live
+
+
+cdef void lanes_undo_add(StoreView* view) noexcept nogil:
+    """The lane part's RowsPart.undo_add, store_repair's undo of a laned add in flight: its
+    slots torn (generation odd, leaf unset, link dead) and its lane's head where it was; rows
+    it had evicted stay evicted (their slots were about to be overwritten)."""
+    cdef Header* h = view.header
+    cdef int64_t lane, first, size, k, slot, count
+    cdef Lane* record
+    if not 1 <= h.pending_lane <= <uint64_t>view.lanes.count:
+        return
+    lane = <int64_t>h.pending_lane - 1
+    first = lane_start(view, lane)
+    size = lane_start(view, lane + 1) - first
+    record = &view.lanes.records[lane]
+    count = <int64_t>h.pending_count if h.pending_count <= <uint64_t>size else size
+    for k in range(count):
+        slot = first + (<int64_t>(h.pending_start % <uint64_t>size) + k) % size
+        view.tree.sums[slot] = unset_leaf()
+        generation_of(view, slot)[0] |= 1
+        link_of(view, slot)[0] = LINK_DEAD
+    record.head = h.pending_old_next % <uint64_t>size
+    record.filled = h.pending_old_stored if h.pending_old_stored <= <uint64_t>size else size
+    record.writes += 1        # whatever a writer cached of this lane is stale now
+
+
+cdef void lanes_clear_rows(StoreView* view) noexcept nogil:
+    """The lane part's RowsPart.clear_rows: a laned buffer's rows lie anywhere, so every slot's
+    generation moves on and its link dies; owners keep their lanes, but what their writers
+    cached of them is stale now."""
+    cdef int64_t slot, lane
+    cdef uint64_t* generation
+    for slot in range(view.capacity):
+        generation = generation_of(view, slot)
+        generation[0] = (generation[0] | 1) + 1
+        link_of(view, slot)[0] = LINK_DEAD
+    for lane in range(view.lanes.count):
+        view.lanes.records[lane].head = 0
+        view.lanes.records[lane].filled = 0
+        view.lanes.records[lane].writes += 1
+
+
+cdef void lanes_bind(StoreView* view, Lane* records, int64_t count,
+                     int64_t link_offset) noexcept nogil:
+    """Make `view` a laned buffer's: its lane table, and the lane part's hooks in place of the
+    ring's (the caller checked that the table lies inside the segment)."""
+    view.lanes.records = records
+    view.lanes.count = count
+    view.lanes.link_offset = link_offset
+    view.part.undo_add = lanes_undo_add
+    view.part.clear_rows = lanes_clear_rows
+    view.part.holds_row = is_live_row
+    view.part.count_rows = count_live_rows
 
 
 # -- planes and stacks --------------------------------------------------------------------------
@@ -145,45 +235,45 @@ cdef int64_t lanes_claim(StoreView* view, LaneClaim* claim) noexcept nogil:
     (the owner fields are compared, so two claimers cannot both take it); ST_NO_LANE."""
     cdef int64_t lane, entry
     cdef Lane* record = NULL
-    for lane in range(view.lane_count):
-        if view.lanes[lane].owner_pid == 0:
-            record = &view.lanes[lane]
+    for lane in range(view.lanes.count):
+        if view.lanes.records[lane].owner_pid == 0:
+            record = &view.lanes.records[lane]
             break
     if record == NULL:
         for entry in range(claim.dead_count):
             lane = <int64_t>claim.dead[4 * entry]
-            if not 0 <= lane < view.lane_count:
+            if not 0 <= lane < view.lanes.count:
                 continue
-            if (view.lanes[lane].owner_pid == claim.dead[4 * entry + 1]
-                    and view.lanes[lane].owner_start == claim.dead[4 * entry + 2]
-                    and view.lanes[lane].owner_token == claim.dead[4 * entry + 3]):
-                record = &view.lanes[lane]
+            if (view.lanes.records[lane].owner_pid == claim.dead[4 * entry + 1]
+                    and view.lanes.records[lane].owner_start == claim.dead[4 * entry + 2]
+                    and view.lanes.records[lane].owner_token == claim.dead[4 * entry + 3]):
+                record = &view.lanes.records[lane]
                 break
     if record == NULL:
         return ST_NO_LANE
     record.owner_pid = claim.pid
     record.owner_start = claim.start
     record.owner_token = claim.token
-    record.spare0 = claim.pidns
+    record.owner_pidns = claim.pidns
     return lane
 
 
 cdef int64_t lanes_release(StoreView* view, int64_t lane, uint64_t token) noexcept nogil:
     """Free `lane` if `token`'s handle still owns it; its rows stay."""
     cdef Lane* record
-    if not 0 <= lane < view.lane_count:
+    if not 0 <= lane < view.lanes.count:
         return ST_CORRUPT
-    record = &view.lanes[lane]
+    record = &view.lanes.records[lane]
     if record.owner_token == token:
         record.owner_pid = 0
         record.owner_start = 0
         record.owner_token = 0
-        record.spare0 = 0
+        record.owner_pidns = 0
     return 0
 
 
 cdef inline void evict(StoreView* view, int64_t slot) noexcept nogil:
-    cdef uint64_t* generation = generation_at(view, slot)
+    cdef uint64_t* generation = generation_of(view, slot)
     cdef bint counted = is_live_row(view, slot)
     link_of(view, slot)[0] = LINK_DEAD
     view.tree.sums[slot] = unset_leaf()
@@ -226,7 +316,7 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
     ST_LANE_LOST (the lane is not the caller's any more) or ST_LANE_FULL (they need more slots
     than the lane has), with nothing written."""
     cdef Header* h = view.header
-    cdef Lane* lane = &view.lanes[a.lane]
+    cdef Lane* lane = &view.lanes.records[a.lane]
     cdef int64_t first = lane_start(view, a.lane)
     cdef int64_t size = lane_start(view, a.lane + 1) - first
     cdef int64_t stack_max = 1, row, c, total = 0, fillers, back, k, delta, slot, reach
@@ -238,7 +328,7 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
     cdef const FrameColumn* f
     cdef uint8_t* record
     cdef uint64_t* generation
-    cdef double weight = 0.0, max_priority = h.max_priority
+    cdef double weight, weight_of_max = -1.0, max_priority = h.max_priority
     cdef bint cached
     if lane.owner_token != a.token:
         return ST_LANE_LOST
@@ -309,8 +399,6 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
                 continue
         evict(view, slot)
     # 4. Write: each transition's fillers, then its own slot.
-    if a.weights == NULL:
-        weight = leaf_weight(max_priority, h.eps, h.alpha)
     k = 0
     for row in range(a.count):
         fillers = a.plan[2 * row]
@@ -333,8 +421,7 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
             ahead_of(view, slot)[0] = ROW_INCOMPLETE if a.incomplete and delta == 0 else 0
             if delta == 0:
                 link_of(view, slot)[0] = <int32_t>back
-                if a.weights != NULL:
-                    weight = a.weights[row]
+                weight = row_weight(a.weights, row, h, &weight_of_max)
                 view.tree.sums[slot] = (weight if weight > 0.0 and not a.incomplete
                                         else unset_leaf())
                 if a.out_slots != NULL:
@@ -380,10 +467,8 @@ cdef int64_t lanes_complete(StoreView* view, LaneComplete* a) noexcept nogil:
     is incomplete (never sampled) or complete and exact; the repair rebuilds the tree."""
     cdef Header* h = view.header
     cdef int64_t k, slot, last, lane, first, size, column, field, ahead, done = 0
-    cdef double weight = 0.0, max_priority = h.max_priority
+    cdef double weight, weight_of_max = -1.0, max_priority = h.max_priority
     cdef uint8_t* record
-    if a.weights == NULL:
-        weight = leaf_weight(max_priority, h.eps, h.alpha)
     publish(&h.op, OP_UPDATE)
     for k in range(a.count):
         slot = a.slots[k]
@@ -393,9 +478,9 @@ cdef int64_t lanes_complete(StoreView* view, LaneComplete* a) noexcept nogil:
         lane = lane_of(view, slot)
         if lane_of(view, last) != lane:
             continue
-        if (generation_at(view, slot)[0] != a.generations[k] or link_of(view, slot)[0] < 1
+        if (generation_of(view, slot)[0] != a.generations[k] or link_of(view, slot)[0] < 1
                 or ahead_of(view, slot)[0] != ROW_INCOMPLETE
-                or generation_at(view, last)[0] != a.last_generations[k]
+                or generation_of(view, last)[0] != a.last_generations[k]
                 or link_of(view, last)[0] < 1):
             continue
         first = lane_start(view, lane)
@@ -410,10 +495,9 @@ cdef int64_t lanes_complete(StoreView* view, LaneComplete* a) noexcept nogil:
                 memcpy(record + view.columns[column], a.sources[column] + k * field,
                        <size_t>field)
         ahead_of(view, slot)[0] = <int32_t>ahead
-        if a.weights != NULL:
-            weight = a.weights[k]
-            if a.priorities[k] > max_priority:
-                max_priority = a.priorities[k]
+        weight = row_weight(a.weights, k, h, &weight_of_max)
+        if a.priorities != NULL and a.priorities[k] > max_priority:
+            max_priority = a.priorities[k]     # (a NaN, a row without one, is never larger)
         view.tree.sums[slot] = weight if weight > 0.0 else unset_leaf()
         done += 1
     tree_refresh(&view.tree, a.slots, a.count)   # (bounded: slots outside were skipped above)

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from cpprb_ray import _memory, _proc, _rules, _store
+from cpprb_ray import _memory, _proc, _rules, _segment
 
 DATA_ALIGN = 4096      # rows start on a page
 LINE = 64              # the tree starts on a cache line; records never straddle one needlessly
@@ -21,7 +21,7 @@ LANED_RECORD_START = 16  # ... and in a laned buffer its int32 link (_core.link_
 LANE_BYTES = 64        # one lane's record in the lane table (_core.pxd's Lane)
 MAX_SEGMENT_BYTES = 2**63 - 1   # the most a file offset (off_t) addresses
 # Past this many slots the tree alone (more than 16 bytes a slot) outgrows MAX_SEGMENT_BYTES, and
-# its int64 size arithmetic (_store.tree_nbytes) would wrap.
+# its int64 size arithmetic (_segment.tree_nbytes) would wrap.
 _MAX_CAPACITY = 2**59
 # sample()'s extra outputs, and add()'s own keyword arguments (a column named "self" or
 # "timeout" could never be passed to add).
@@ -162,13 +162,13 @@ def plan(capacity: int, columns: List[Column], prioritized: bool, backend: str,
         meta["lanes"] = lane_meta
         for _ in range(3):
             document = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
-            data_offset = _align(_store.LAYOUT_OFFSET + len(document), DATA_ALIGN)
+            data_offset = _align(_segment.LAYOUT_OFFSET + len(document), DATA_ALIGN)
             tree_offset = _align(data_offset + capacity * row_stride, LINE)
-            lane_meta["offset"] = _align(tree_offset + _store.tree_nbytes(capacity), LINE)
+            lane_meta["offset"] = _align(tree_offset + _segment.tree_nbytes(capacity), LINE)
     document = Layout(capacity, prioritized, columns, meta, 0, row_stride, 0, 0).to_json()
-    data_offset = _align(_store.LAYOUT_OFFSET + len(document), DATA_ALIGN)
+    data_offset = _align(_segment.LAYOUT_OFFSET + len(document), DATA_ALIGN)
     tree_offset = _align(data_offset + capacity * row_stride, LINE)
-    tree_end = tree_offset + _store.tree_nbytes(capacity)
+    tree_end = tree_offset + _segment.tree_nbytes(capacity)
     if lanes is not None and lane_meta["offset"] != _align(tree_end, LINE):
         raise AssertionError("lane table offset did not settle")  # pragma: no cover
     total_size = _align(_align(tree_end, LINE) + lane_bytes, DATA_ALIGN)
@@ -189,20 +189,20 @@ def corrupt(location: str, why: str) -> ValueError:
 
 def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
     """Read and validate the header and layout of a mapped segment of `size` bytes."""
-    if size < _store.LAYOUT_OFFSET:
+    if size < _segment.LAYOUT_OFFSET:
         raise corrupt(location, f"{size} bytes is smaller than a header")
-    header = _store.read_header(memory)
-    if header["magic"] != _store.MAGIC:
+    header = _segment.read_header(memory)
+    if header["magic"] != _segment.MAGIC:
         raise corrupt(location, "bad magic (not a cpprb_ray segment, or not initialized)")
-    if header["version"] != _store.LAYOUT_VERSION:
+    if header["version"] != _segment.LAYOUT_VERSION:
         raise corrupt(location, f"layout version {header['version']}, this cpprb_ray reads "
-                                f"{_store.LAYOUT_VERSION}")
+                                f"{_segment.LAYOUT_VERSION}")
     if header["total_size"] > size:
         raise corrupt(location, f"header says {header['total_size']} bytes, segment has {size} "
                                 f"(truncated)")
     capacity = header["capacity"]
     layout_end = header["layout_offset"] + header["layout_length"]
-    if (capacity < 1 or header["layout_offset"] != _store.LAYOUT_OFFSET
+    if (capacity < 1 or header["layout_offset"] != _segment.LAYOUT_OFFSET
             or layout_end > header["data_offset"] or header["data_offset"] > size):
         raise corrupt(location, "inconsistent header fields")
     try:
@@ -236,7 +236,7 @@ def read(memory, size: int, location: str) -> Tuple[Dict[str, Any], Layout]:
     rows_end = header["data_offset"] + capacity * stride
     if header["data_offset"] % 8 or rows_end > total:
         raise corrupt(location, "rows lie outside the segment")
-    tree_end = header["tree_offset"] + _store.tree_nbytes(capacity)
+    tree_end = header["tree_offset"] + _segment.tree_nbytes(capacity)
     if header["tree_offset"] % 8 or header["tree_offset"] < rows_end or tree_end > total:
         raise corrupt(location, "tree lies outside the segment")
     if header["next_index"] >= capacity or header["stored_size"] > capacity:
@@ -273,17 +273,17 @@ def read_prefix(fd: int) -> bytearray:
     fixed header (padded to the layout's offset), which :func:`read` then refuses, saying why:
     a damaged length must not make a reader (the CLI, an owner's close) read gigabytes.
     """
-    head = bytearray(os.pread(fd, _store.LAYOUT_OFFSET, 0))
-    if len(head) < _store.HEADER_NBYTES or head[:8] != _store.MAGIC:
+    head = bytearray(os.pread(fd, _segment.LAYOUT_OFFSET, 0))
+    if len(head) < _segment.HEADER_NBYTES or head[:8] != _segment.MAGIC:
         raise ValueError("not a cpprb_ray buffer")
-    fixed = _store.read_header(head)
+    fixed = _segment.read_header(head)
     layout_end = int(fixed["layout_offset"]) + int(fixed["layout_length"])
     if not (fixed["layout_length"] <= _LAYOUT_LIMIT
-            and fixed["layout_offset"] == _store.LAYOUT_OFFSET
+            and fixed["layout_offset"] == _segment.LAYOUT_OFFSET
             and layout_end <= fixed["data_offset"] <= os.fstat(fd).st_size):
-        return head.ljust(_store.LAYOUT_OFFSET, b"\0")
+        return head.ljust(_segment.LAYOUT_OFFSET, b"\0")
     # The JSON can be long (one entry per column); read exactly up to its end.
-    return bytearray(os.pread(fd, max(layout_end, _store.LAYOUT_OFFSET), 0))
+    return bytearray(os.pread(fd, max(layout_end, _segment.LAYOUT_OFFSET), 0))
 
 
 def token_at(backend: str, location: str) -> Optional[str]:
@@ -310,7 +310,7 @@ def token_at(backend: str, location: str) -> Optional[str]:
         if os.fstat(fd).st_uid != os.geteuid():
             return None
         data = read_prefix(fd)
-        header = _store.read_header(data)
+        header = _segment.read_header(data)
         start = int(header["layout_offset"])
         document = json.loads(bytes(data[start:start + int(header["layout_length"])]).decode())
         token = document["meta"]["token"]

@@ -14,8 +14,7 @@
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 cdef enum:
-    LIMITER_AT = 384         # offset in the segment: between the mutex (256..320) and the layout
-    LIMITER_BYTES = 128      # reserved there (the layout starts at 512)
+    LIMITER_BYTES = 128      # reserved at _segment.LIMITER_AT (the layout starts at 512)
 
 cdef enum LimiterKind:
     LIMITER_NONE = 0

@@ -20,7 +20,7 @@ import os
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
-from cpprb_ray import _layout, _memory, _proc, _store
+from cpprb_ray import _layout, _memory, _proc, _segment
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
@@ -38,7 +38,7 @@ def _candidate_files() -> List[str]:
                 try:
                     if (entry.is_file(follow_symlinks=False)
                             and entry.stat(follow_symlinks=False).st_uid == os.geteuid()
-                            and entry.stat(follow_symlinks=False).st_size >= _store.HEADER_NBYTES):
+                            and entry.stat(follow_symlinks=False).st_size >= _segment.HEADER_NBYTES):
                         files.append(entry.path)
                 except OSError:
                     continue
@@ -111,7 +111,7 @@ def owner_status(meta: Dict[str, Any],
 def _meta_of(data: bytearray) -> Dict[str, Any]:
     """What a segment's layout JSON says of its owner, read as far as it can be (the segment
     may be damaged, or of another version), with the fixed header's owner pid as a fallback."""
-    header = _store.read_header(data)
+    header = _segment.read_header(data)
     meta: Dict[str, Any] = {"owner_pid": header["owner_pid"]}
     try:
         start = int(header["layout_offset"])
@@ -133,7 +133,7 @@ def _describe(path: str) -> Dict[str, Any]:
         data = _layout.read_prefix(fd)
     finally:
         os.close(fd)
-    header = _store.read_header(data)
+    header = _segment.read_header(data)
     size = status_of_file.st_size
     # Where the owner's mappings name the file as stat does (tmpfs: /dev/shm), an owner that
     # no longer maps it is gone whatever its pid says; elsewhere (an overlay filesystem names

@@ -1,7 +1,17 @@
 """What /proc says about processes and threads, in one place: whether a pid is alive, who it
 is (its start time, so that a reused pid is not taken for the owner), whether it is a zombie
 (or only its main thread is), whether it still maps a file, which filesystem a directory is,
-and which pid namespace and boot a pid means something in."""
+and which pid namespace and boot a pid means something in.
+
+Examples
+--------
+>>> import os
+>>> from cpprb_ray import _proc
+>>> _proc.process_start_time(os.getpid()) > 0, _proc.process_is_zombie(os.getpid())
+(True, False)
+>>> _proc.thread_exists(os.getpid()), _proc.is_memory_filesystem("/dev/shm")
+(True, True)
+"""
 
 from __future__ import annotations
 

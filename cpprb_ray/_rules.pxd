@@ -4,7 +4,7 @@
 # nogil code runs; the nogil halves below find the first bad entry, the Python halves say what is
 # wrong with it.
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint8_t
 
 cdef struct PriorityRule:
     double alpha
@@ -22,3 +22,6 @@ cdef int raise_bad_priority(const PriorityRule* rule, double value, int64_t posi
                             bint overflow, str name) except -1
 cdef int64_t first_out_of_range(const int64_t* values, int64_t count,
                                 int64_t limit) noexcept nogil
+cdef bint export_vector(object value, Py_buffer* view, const char* codes,
+                        Py_ssize_t itemsize) except -1
+cdef uint8_t* bytes_of(object array, int64_t nbytes, str what) except NULL

@@ -7,8 +7,13 @@ error, naming the argument, what was expected, the value and its position. Nothi
 a buffer: callers check, then change.
 """
 
+from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release,
+                             PyObject_GetBuffer)
 from libc.float cimport DBL_MAX
 from libc.math cimport INFINITY, pow
+from libc.stdint cimport INT64_MAX, uint8_t
+
+from cpprb_ray._convert cimport is_format
 
 import warnings
 
@@ -296,6 +301,82 @@ def real_vector(values, Py_ssize_t count, str name, str per="row"):
     return array
 
 
+def check_priorities_allowed(bint prioritized):
+    """TypeError unless the handle is a prioritized one: priorities given to a uniform buffer
+    (its adds, its N-step staging, its remote queue) are refused, never dropped.
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import check_priorities_allowed
+    >>> check_priorities_allowed(True)
+    >>> check_priorities_allowed(False)
+    Traceback (most recent call last):
+    ...
+    TypeError: priorities are only for a PrioritizedReplayBuffer
+    """
+    if not prioritized:
+        raise TypeError("priorities are only for a PrioritizedReplayBuffer")
+
+
+# -- batches and arrays handed to kernels ---------------------------------------------------------
+
+def check_batch_fits(int64_t batch, int64_t row_bytes, str name="batch_size"):
+    """ValueError naming `name` unless `batch` > 0 and a sample of `batch` rows of `row_bytes`
+    each (plus its index, weight, generation and a scratch double) has a size that an int64
+    can count: past that, the outputs could not be allocated, and sizes computed from them
+    would wrap.
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import check_batch_fits
+    >>> check_batch_fits(256, 64)
+    >>> check_batch_fits(2**61, 64)
+    Traceback (most recent call last):
+    ...
+    ValueError: batch_size 2305843009213693952 needs more than 2**63 - 1 bytes of output; ...
+    """
+    if batch <= 0:
+        raise ValueError(f"{name} must be > 0; got {batch}")
+    if batch > INT64_MAX // (row_bytes + 28):
+        raise ValueError(f"{name} {batch} needs more than 2**63 - 1 bytes of output; sample "
+                         f"fewer rows")
+
+
+cdef bint export_vector(object value, Py_buffer* view, const char* codes,
+                        Py_ssize_t itemsize) except -1:
+    """Export `value` into `view` (held) when it is an ndarray with a C-contiguous 1-D buffer
+    of one of `codes` and `itemsize`; False (nothing held) otherwise."""
+    if type(value) is not _ndarray:
+        return False
+    try:
+        PyObject_GetBuffer(value, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    except (BufferError, ValueError):
+        return False
+    if view.ndim == 1 and is_format(view, codes, itemsize):
+        return True
+    PyBuffer_Release(view)
+    return False
+
+
+cdef uint8_t* bytes_of(object array, int64_t nbytes, str what) except NULL:
+    """The data of `array`, a C-contiguous ndarray of at least `nbytes` bytes (the caller
+    keeps it alive while the pointer is used)."""
+    cdef Py_buffer view
+    cdef uint8_t* data
+    if type(array) is not _ndarray:
+        raise ValueError(f"{what} must be a C-contiguous array of {nbytes} bytes; got "
+                         f"{type(array).__name__}")
+    # The buffer protocol, not array.ctypes (which builds a ctypes object per call: 6 us an add).
+    PyObject_GetBuffer(array, &view, PyBUF_C_CONTIGUOUS)
+    data = <uint8_t*>view.buf
+    if view.len < nbytes or nbytes <= 0:
+        PyBuffer_Release(&view)
+        raise ValueError(f"{what} must be a C-contiguous array of {nbytes} bytes; got "
+                         f"{array.nbytes}")
+    PyBuffer_Release(&view)
+    return data
+
+
 # -- indexes ------------------------------------------------------------------------------------
 
 cdef int64_t first_out_of_range(const int64_t* values, int64_t count,
@@ -534,3 +615,58 @@ def rows_of(tuple shape, tuple column_shape):
 def shape_error(str name, tuple column_shape, tuple shape):
     return ValueError(f"column {name!r} must have shape {column_shape} or (batch, "
                       f"*{column_shape}); got {shape}")
+
+
+def stage_rows(columns, values):
+    """One add's `values` (a mapping of exactly the columns' names) as rows of `columns`
+    (objects with a name, a per-row shape and a dtype): (C-contiguous arrays of (count, *shape)
+    of each column's dtype, in column order; count). The one staging of add input outside the
+    store's own C staging (``_columns.ColumnTable``, which applies the same rules): the N-step
+    staging, the lane writer and a remote handle's queue stage through it.
+
+    A single row may omit the batch axis; every value goes through :func:`column_array`
+    (an exact C-contiguous row, and a Python float for a float column, are taken as they are).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from cpprb_ray._layout import parse_env_dict
+    >>> from cpprb_ray._rules import stage_rows
+    >>> arrays, count = stage_rows(parse_env_dict({"obs": {"shape": 2}, "done": {}}),
+    ...                            {"obs": [1, 2], "done": 0})
+    >>> [a.shape for a in arrays], count
+    ([(1, 2), (1, 1)], 1)
+    >>> stage_rows(parse_env_dict({"obs": {}, "act": {}}), {"obs": [1.0, 2.0], "act": 3.0})
+    Traceback (most recent call last):
+    ...
+    ValueError: ragged batch: column 'act' has 1 rows, 'obs' has 2
+    """
+    if len(values) != len(columns) or any(c.name not in values for c in columns):
+        raise columns_error([c.name for c in columns], values)
+    cdef list arrays = []
+    cdef Py_ssize_t count = -1, rows
+    cdef str first = None
+    for column in columns:
+        name, shape, dtype = column.name, column.shape, column.dtype
+        value = values[name]
+        kind = type(value)
+        if kind is _ndarray and value.dtype is dtype and value.shape == shape and (
+                value.flags.c_contiguous):
+            array, rows = value.reshape((1,) + shape), 1     # one row, as it is
+        elif kind is float and shape == (1,) and dtype.kind == "f":
+            array, rows = np.array(((value,),), dtype=dtype), 1
+        else:
+            array = column_array(value, dtype, name)
+            rows = rows_of(array.shape, shape)
+            if rows < 0:
+                raise shape_error(name, shape, array.shape)
+            array = np.ascontiguousarray(array.reshape((rows,) + shape), dtype=dtype)
+        if count < 0:
+            count, first = rows, name
+        elif rows != count:
+            raise ValueError(f"ragged batch: column {name!r} has {rows} rows, {first!r} has "
+                             f"{count}")
+        arrays.append(array)
+    if count == 0:
+        raise ValueError("add needs at least one row; got a batch of 0")
+    return arrays, count

@@ -7,12 +7,10 @@ segment's name and re-attach in place wherever they are unpickled on the same ho
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 import threading
 import time
-import warnings
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Type, Union
 
@@ -22,13 +20,15 @@ from cpprb_ray import (
     _compat,
     _layout,
     _memory,
-    _proc,
+    _open,
+    _parts,
     _rules,
-    _store,
+    _segment,
     checkpoint,
     frames,
     nstep,
     rate_limiters,
+    remote,
 )
 from cpprb_ray._ownership import Ownership
 
@@ -118,6 +118,8 @@ class ReplayBuffer:
 
     _prioritized = False
     _check_for_update = False   # PrioritizedReplayBuffer(check_for_update=True) and the MP ones
+    _writer: Any                # where add's rows go (_parts: ring, lane, N-step)
+    _sampler: Any               # what sample draws (_parts: ring, lanes, check_for_update)
 
     @_compat.cpprb_arguments
     def __init__(self, size: int, env_dict: Mapping[str, Any], *, backend: str = "auto",
@@ -177,7 +179,7 @@ class ReplayBuffer:
                 ownership.forget()   # create removed the file already
             raise
         try:
-            _store.initialize_segment(
+            _segment.initialize_segment(
                 segment.memory, total_size=layout.total_size, capacity=capacity,
                 # A laned buffer always samples through its tree (a uniform one weighs every
                 # row 1: alpha 0), since its rows are not the slots below a stored size.
@@ -204,42 +206,34 @@ class ReplayBuffer:
               ownership: Optional[Ownership], seed: Optional[int], lock_timeout: float = 60.0,
               store: Any = None) -> None:
         # `ownership`: the owner's (claimed when the file was made), None for a view.
-        # First, before anything that must be released: a broken N-step record refuses the
-        # segment. The staging is this handle's own and starts empty.
+        # First, before anything that must be released: a broken lane or N-step record refuses
+        # the segment.
         lane_config = frames.LaneConfig.from_meta(layout.meta, layout.columns, segment.location)
         # N-step works on the columns add takes: a laned layout's public ones.
         add_columns = layout.columns if lane_config is None else lane_config.columns()
-        nstep_config = nstep.NstepConfig.from_meta(layout.meta, add_columns, segment.location)
-        self._nstep = (None if nstep_config is None else
-                       nstep.NstepStaging(nstep_config, add_columns, self._prioritized,
-                                          laned=lane_config is not None))
+        self._nstep_config = nstep.NstepConfig.from_meta(layout.meta, add_columns,
+                                                         segment.location)
         self._segment = segment
         self._layout = layout
         self._columns = layout.columns
-        self._column_names = frozenset(c.name for c in layout.columns)
+        if lane_config is not None and store is not None:
+            raise ValueError(f"{segment.location!r} is a laned buffer (lanes, next_of, "
+                             f"stack_compress): it cannot be used from a node that does not "
+                             f"see its segment yet (docs/frames.md)")
         # `store`: a stand-in with ReplayStore's methods (cpprb_ray.remote's client of the proxy
         # actor, for a handle on a node that cannot see the segment); else the segment itself.
-        self._store = (_store.ReplayStore(segment.memory, layout.columns, seed, lock_timeout)
-                       if store is None else store)
-        self._column_order = tuple(c.name for c in layout.columns)
-        self._lanes: Optional[frames.LaneWriter] = None
-        if lane_config is not None:
-            if store is not None:
-                raise ValueError(f"{segment.location!r} is a laned buffer (lanes, next_of, "
-                                 f"stack_compress): it cannot be used from a node that does not "
-                                 f"see its segment yet (docs/frames.md)")
-            lane_config.check_lane_size(layout.capacity, segment.location)
-            self._store.bind_lanes(layout.meta["lanes"]["offset"], lane_config.count,
-                                   lane_config.store_specs(layout.columns))
-            self._lanes = frames.LaneWriter(self._store, lane_config, layout.columns,
-                                           layout.capacity)
-        self._plain_flags()
+        self._store = store if store is not None else _open.open_store(
+            segment, layout, prioritized=self._prioritized, seed=seed, lock_timeout=lock_timeout,
+            view=ownership is None)
+        try:
+            self._choose_parts()
+        except BaseException:
+            self._store.release()
+            raise
         self._owner = ownership is not None
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
         self._pickled_for_ray = False   # an owner's close then ends the buffer's proxy actor
-        if ownership is None and store is None:
-            self._check_lock_holder(segment.location)
         # The ownership frees only in this process, and only the segment with this layout's
         # token (see _ownership for every way out of a process that frees it).
         self._ownership = ownership
@@ -251,29 +245,19 @@ class ReplayBuffer:
             # 1 GiB) then frees it like any other.
             _memory.prefer_huge_pages(segment, self._store.hot_regions())
 
-    def _plain_flags(self) -> None:
-        # A cold call pays for every attribute and Python frame it touches (about 8 us of a
-        # cold sample went to the checks that a plain buffer never needs), so the hot methods
-        # test one flag each and go straight to the store.
-        self._plain_add = self._nstep is None and self._lanes is None
-        self._plain_sample = self._lanes is None and not self._check_for_update
-
-    def _check_lock_holder(self, location: str) -> None:
-        """Refuse a segment whose lock names a thread that does not exist (corrupt or foreign):
-        waiting for it would hang forever. A live holder lets go within moments."""
-        deadline = time.monotonic() + 0.5
-        first = self._store.lock_owner()
-        while True:
-            holder = self._store.lock_owner()
-            # Free, held by a live thread, or changing hands (a holder in another pid namespace
-            # sharing /dev/shm is invisible in /proc but lets go): all fine.
-            if holder == 0 or holder != first or _proc.thread_exists(holder):
-                return
-            if time.monotonic() > deadline:
-                self._store.release()
-                raise _layout.corrupt(location, f"its lock is held by thread {holder}, which does "
-                                                f"not exist")
-            time.sleep(0.01)
+    def _choose_parts(self) -> None:
+        """This handle's writer and sampler (_parts.choose, the one place they are chosen), and
+        the methods its hot calls go straight to: a cold call pays for every attribute and
+        Python frame it touches."""
+        layout = self._layout
+        self._writer, self._sampler = _parts.choose(
+            self._store, layout, self._segment.location,
+            frames.LaneConfig.from_meta(layout.meta, layout.columns, self._segment.location),
+            self._nstep_config, self._prioritized, self._check_for_update)
+        self._add = self._writer.add
+        self._sample = self._sampler.sample
+        self._update = self._sampler.update
+        self._image = _parts.image_of(self._store)
 
     @classmethod
     def attach(cls, name_or_path: PathLike, *, seed: Optional[int] = None,
@@ -331,9 +315,6 @@ class ReplayBuffer:
         ...         print(copy.get_all_transitions()["obs"].ravel(), copy.is_owner)
         [1. 2. 3.] True
         """
-        if self._lanes is not None:
-            raise ValueError("save() does not support laned buffers (lanes, next_of, "
-                             "stack_compress) yet (docs/frames.md)")
         checkpoint.save(self, file)
 
     @classmethod
@@ -375,8 +356,6 @@ class ReplayBuffer:
         # job, also what a node that cannot see the segment needs (cpprb_ray.remote).
         remote_state = None
         if "ray" in sys.modules:   # no Ray imported: no Ray job to move the handle to a node
-            from cpprb_ray import remote
-
             remote_state = remote.pickle_state(self)
             if remote_state is not None:
                 self._pickled_for_ray = True
@@ -487,12 +466,8 @@ class ReplayBuffer:
         ...     print(rb.env_dict["obs"]["shape"], rb.env_dict["act"]["dtype"])
         (2,) int64
         """
-        if self._lanes is not None:
-            return {name: {"shape": shape, "dtype": dtype}
-                    for name, shape, dtype in self._lanes.public
-                    if name != nstep.DISCOUNTS or self._nstep is None}
-        return {c.name: {"shape": c.shape, "dtype": c.dtype} for c in self._columns
-                if c.name != nstep.DISCOUNTS or self._nstep is None}
+        return {c.name: {"shape": c.shape, "dtype": c.dtype} for c in self._writer.columns
+                if c.name != nstep.DISCOUNTS or self._nstep_config is None}
 
     @property
     def nstep(self) -> Optional[Dict[str, Any]]:
@@ -511,7 +486,7 @@ class ReplayBuffer:
         {'size': 3, 'gamma': 0.99, 'rew': ['rew'], 'next': ['next_obs']}
         ['done', 'next_obs', 'obs', 'rew']
         """
-        return None if self._nstep is None else self._nstep.config.as_dict()
+        return None if self._nstep_config is None else self._nstep_config.as_dict()
 
     @property
     def nbytes(self) -> int:
@@ -569,9 +544,7 @@ class ReplayBuffer:
         3
         1
         """
-        if self._lanes is not None:
-            return self._lanes.next_slot()
-        return int(self._store.next_index)
+        return int(self._writer.next_slot())
 
     def __len__(self) -> int:
         return self.get_stored_size()
@@ -607,46 +580,7 @@ class ReplayBuffer:
         With ``Nstep``, the steps are staged and the call returns the first slot of the n-step
         transitions it completed, or None when it completed none.
         """
-        if self._plain_add:
-            return self._store.add(columns, None, timeout)
-        if self._nstep is not None:
-            return self._nstep.add(self, columns, None, timeout)  # type: ignore[return-value]
-        return self._lanes.add(columns, None, timeout)  # type: ignore[union-attr]
-
-    def _commit_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
-                     timeout: Optional[float] = None) -> Optional[int]:
-        """Store rows the N-step staging finished: every column (discounts included) already of
-        its dtype, C-contiguous, of shape (count, *shape); ONE store add. None: a remote
-        handle queued them (its slots are chosen when the batch is sent)."""
-        first = self._store.add([rows[name] for name in self._column_order], priorities, timeout)
-        return None if first is None else int(first)
-
-    def _lane_steps(self, steps: Dict[str, np.ndarray], count: int, slots: np.ndarray,
-                    generations: np.ndarray, timeout: Optional[float] = None,
-                    admit: int = 0) -> None:
-        """N-step in a laned buffer: write staged steps as rows that wait for their windows
-        (never sampled before _complete_rows), so that their frames are in the lane in order;
-        each row's slot and generation go to `slots` and `generations`. A rate limiter holds
-        the write back (up to `timeout`) until it would admit the `admit` rows the add then
-        completes, so that an add it holds back writes nothing."""
-        self._lanes.add(steps, None, timeout, incomplete=True,  # type: ignore[union-attr]
-                        out=(slots, generations), count=count, admit=admit)
-
-    def _lane_rows_lost(self, slots: np.ndarray, generations: np.ndarray) -> bool:
-        """N-step in a laned buffer: whether the lane rows of staged steps are gone (a clear
-        since they were written), so that they must be written again."""
-        return self._lanes.rows_lost(slots, generations)  # type: ignore[union-attr]
-
-    def _complete_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
-                       slots: np.ndarray, generations: np.ndarray, last_slots: np.ndarray,
-                       last_generations: np.ndarray,
-                       timeout: Optional[float] = None) -> Optional[int]:
-        """N-step in a laned buffer: the rows of `slots` get their n-step columns and their
-        next stacks (those ending at `last_slots`), admitted by a rate limiter as one add (up
-        to `timeout`); returns the first row's slot, None when no row could be completed."""
-        done = self._lanes.complete(rows, priorities, slots,  # type: ignore[union-attr]
-                                    generations, last_slots, last_generations, timeout)
-        return int(slots[0]) if done else None
+        return self._add(columns, None, timeout)
 
     # -- sample -------------------------------------------------------------------------------
 
@@ -683,26 +617,9 @@ class ReplayBuffer:
         ...     print(sorted(batch), batch["obs"].shape, batch["indexes"].dtype)
         ['generations', 'indexes', 'obs'] (5, 2) int64
         """
-        if (self._plain_sample and out is None and type(batch_size) is int
-                and 0 < batch_size <= _INT64_MAX):
-            result = self._store.sample(batch_size, 0.0, None, timeout)
-            del result["weights"]
-            return result
-        batch = self._check_batch(batch_size)
-        if self._lanes is not None:
-            if out is not None and isinstance(out, dict):
-                out = dict(out, weights=np.empty(batch, dtype=np.float32))
-            result = self._lanes.sample(batch, 0.0, out, timeout)
-            del result["weights"]
-            return result
-        if out is not None:
-            # The store fills weights too; a uniform sample has none to give back.
-            out = dict(out) if isinstance(out, dict) else out
-            if isinstance(out, dict):
-                out["weights"] = np.empty(batch, dtype=np.float32)
-        result = self._store.sample(batch, 0.0, out, timeout)
-        del result["weights"]
-        return result
+        if type(batch_size) is int and 0 < batch_size <= _INT64_MAX:
+            return self._sample(batch_size, 0.0, out, timeout)
+        return self._sample(self._check_batch(batch_size), 0.0, out, timeout)
 
     # -- whole buffer -------------------------------------------------------------------------
 
@@ -719,8 +636,7 @@ class ReplayBuffer:
         0
         """
         self._store.clear()
-        if self._nstep is not None:
-            self._nstep.clear()
+        self._writer.forget()
 
     def on_episode_end(self, *, timeout: Optional[float] = None) -> None:
         """End the current episode (truncated): commit the steps staged for N-step returns.
@@ -739,10 +655,7 @@ class ReplayBuffer:
         ...     print(rb.get_stored_size())
         1
         """
-        if self._nstep is not None:
-            self._nstep.flush(self, timeout)
-        else:
-            _rules.as_timeout(timeout)   # refused alike, with nothing to commit
+        self._writer.end_episode(timeout)
 
     def get_all_transitions(self, shuffle: bool = False) -> Dict[str, np.ndarray]:
         """Copies of every stored row, in slot order (rows torn by a crashed writer left out).
@@ -758,16 +671,7 @@ class ReplayBuffer:
         ...     print(rb.get_all_transitions()["obs"].ravel())
         [1. 2. 3.]
         """
-        room = self.get_stored_size()
-        if self._lanes is not None:
-            # (shuffle and its check below apply to a laned buffer's rows too)
-            transitions = self._lanes.all_rows(room)
-        else:
-            outputs = [np.empty((room,) + c.shape, dtype=c.dtype) for c in self._columns]
-            indexes = np.empty(room, dtype=np.int64)
-            leaves = np.empty(room, dtype=np.float64)
-            copied = self._store.snapshot(outputs, indexes, leaves)
-            transitions = {c.name: out[:copied] for c, out in zip(self._columns, outputs)}
+        transitions = self._sampler.all_rows(self.get_stored_size())
         if not isinstance(shuffle, (bool, np.bool_)):
             raise TypeError(f"shuffle must be a bool; got {type(shuffle).__name__}")
         return _compat.shuffled(transitions) if shuffle else transitions
@@ -802,12 +706,12 @@ class ReplayBuffer:
         target = checkpoint.transitions_target(file)
         transitions = self.get_all_transitions()
         if not isinstance(target, str):
-            _compat.save_transitions(transitions, target, nstep=self._nstep is not None)
+            _compat.save_transitions(transitions, target, nstep=self._nstep_config is not None)
             return
         # Opened here, checked on what was opened: np.savez's own open of a path would block
         # on a FIFO swapped in after any earlier check.
         with checkpoint.open_for_writing(target) as handle:
-            _compat.save_transitions(transitions, handle, nstep=self._nstep is not None)
+            _compat.save_transitions(transitions, handle, nstep=self._nstep_config is not None)
 
     def load_transitions(self, file: Any, *, timeout: Optional[float] = None) -> None:
         """Add the rows of a file that :meth:`save_transitions` or cpprb's wrote.
@@ -832,24 +736,20 @@ class ReplayBuffer:
         4 [1 2 1 2]
         """
         transitions, saved_nstep = checkpoint.read_transitions(file)
-        if saved_nstep != (self._nstep is not None):
+        nstep_buffer = self._nstep_config is not None
+        if saved_nstep != nstep_buffer:
             raise ValueError(f"{file!r} holds {'N-step' if saved_nstep else 'plain'} "
-                             f"transitions; this buffer {'has' if self._nstep else 'has no'} "
+                             f"transitions; this buffer {'has' if nstep_buffer else 'has no'} "
                              f"Nstep (cpprb refuses this mismatch too)")
         if not transitions or len(next(iter(transitions.values()))) == 0:
             return
-        if self._nstep is not None:
-            if self._lanes is not None:
-                # Laned: the finished rows go into this handle's lane (never the plain ring),
-                # with the columns add takes (next_of's included).
-                rows = _compat.nstep_rows(transitions, self._lanes.columns(), file)
-                self._lanes.add(rows, None, timeout)
-                return
-            rows = _compat.nstep_rows(transitions, self._columns, file)
-            self._commit_rows(rows, None, timeout)
+        if nstep_buffer:
+            # Finished transitions, committed as they are, with the columns the writer below
+            # the staging takes (a laned buffer's: into this handle's lane, next_of's included).
+            self._writer.add_rows(_compat.nstep_rows(transitions, self._writer.columns, file),
+                                  timeout)
             return
-        names = (self._column_names if self._lanes is None
-                 else frozenset(name for name, _, _ in self._lanes.public))
+        names = frozenset(c.name for c in self._writer.columns)
         if set(transitions) != names:
             raise ValueError(f"{file!r} holds the columns {sorted(transitions)}; this buffer's "
                              f"are {sorted(names)}")
@@ -867,7 +767,7 @@ class ReplayBuffer:
         ...     print(rb.is_Nstep(), plain.is_Nstep())
         True False
         """
-        return self._nstep is not None
+        return self._nstep_config is not None
 
     def get_current_episode_len(self) -> int:
         """cpprb's count of the steps added since the last on_episode_end: not kept here.
@@ -917,10 +817,7 @@ class ReplayBuffer:
             if self._segment.closed:
                 return
             try:
-                if self._nstep is not None:
-                    self._flush_on_close()
-                if self._lanes is not None:
-                    self._lanes.release()
+                self._writer.close()   # staged N-step steps committed, a lane given back
             finally:  # a failed flush still closes
                 self._store.release()
                 self._segment.close()
@@ -928,24 +825,10 @@ class ReplayBuffer:
                     self._finalizer.detach()
                 if self._ownership is not None:
                     if self._pickled_for_ray and self.is_owner:
-                        from cpprb_ray import remote
-
                         remote.stop_proxy(self._segment.backend, self._segment.location,
                                           self._layout.token)
                     # Frees in the creating process only, and only our own segment.
                     self._ownership.free()
-
-    def _flush_on_close(self) -> None:
-        # No wait: a close must not hang on a learner that stopped sampling.
-        staged = self._nstep.staged if self._nstep is not None else 0
-        try:
-            self._nstep.flush(self, 0)  # type: ignore[union-attr]
-        except TimeoutError:
-            self._nstep.clear()  # type: ignore[union-attr]
-            warnings.warn(f"close(): the rate limiter held back the {staged} N-step step(s) "
-                          f"this handle had staged; they were dropped (call "
-                          f"on_episode_end(timeout=...) before close() to wait for it)",
-                          RuntimeWarning, stacklevel=3)
 
     # -- statistics ---------------------------------------------------------------------------
 
@@ -1022,8 +905,8 @@ class ReplayBuffer:
         counters["huge_page_bytes"] = getattr(self._segment.memory, "huge_bytes", 0)
         if not self._prioritized:
             counters["max_priority"] = None
-        if self._nstep is not None:
-            counters["nstep_staged"] = self._nstep.staged
+        if self._nstep_config is not None:
+            counters["nstep_staged"] = self._writer.staged
         return counters
 
     def __enter__(self):
@@ -1070,7 +953,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     """
 
     _prioritized = True
-    _sampled_generations: Optional[_compat.SampledGenerations] = None
 
     @_compat.cpprb_arguments
     def __init__(self, size: int, env_dict: Mapping[str, Any], alpha: float = 0.6, *,
@@ -1100,7 +982,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                      next_of=next_of, stack_compress=stack_compress, lanes=lanes)
         if check_for_update:
             self._check_for_update = True
-            self._plain_flags()
+            self._choose_parts()
 
     def add(self, *, priorities: Any = None, timeout: Optional[float] = None,
             **columns: Any) -> int:
@@ -1124,18 +1006,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         step's n-step transition; the call returns the first slot of the transitions it
         completed, or None.
         """
-        if self._plain_add:
-            return self._store.add(columns, priorities, timeout)
-        if self._nstep is not None:
-            return self._nstep.add(self, columns, priorities,  # type: ignore[return-value]
-                                   timeout)
-        return self._lanes.add(columns, priorities, timeout)  # type: ignore[union-attr]
-
-    def _step_priorities(self, priorities: Any, count: int) -> np.ndarray:
-        """The N-step staging's check of the priorities given with `count` steps."""
-        array = _rules.real_vector(priorities, count, "priorities")
-        self._store.check_priorities(array, "priorities")
-        return array
+        return self._add(columns, priorities, timeout)
 
     def sample(self, batch_size: int, beta: float = 0.4, *,
                out: Optional[Dict[str, np.ndarray]] = None,
@@ -1166,27 +1037,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         (4, 1) float32 True
         True
         """
-        if (self._plain_sample and type(batch_size) is int and 0 < batch_size <= _INT64_MAX
+        if (type(batch_size) is int and 0 < batch_size <= _INT64_MAX
                 and type(beta) is float and 0.0 <= beta <= _FLOAT_MAX):
-            return self._store.sample(batch_size, beta, out, timeout)
+            return self._sample(batch_size, beta, out, timeout)
         batch = self._check_batch(batch_size)
         if type(beta) is not float or not 0.0 <= beta <= _FLOAT_MAX:
             beta = _as_real(beta, "beta")
             if beta < 0:
                 raise ValueError(f"beta must be >= 0; got {beta}")
-        if self._lanes is not None:
-            result = self._lanes.sample(batch, beta, out, timeout)
-            return self._remember_sample(result) if self._check_for_update else result
-        if self._check_for_update:
-            return self._remember_sample(self._store.sample(batch, beta, out, timeout))
-        return self._store.sample(batch, beta, out, timeout)
-
-    def _remember_sample(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        # check_for_update: keep each sampled slot's generation for update_priorities.
-        if self._sampled_generations is None:
-            self._sampled_generations = _compat.SampledGenerations(self.get_buffer_size())
-        self._sampled_generations.remember(batch["indexes"], batch["generations"])
-        return batch
+        return self._sample(batch, beta, out, timeout)
 
     def update_priorities(self, indexes: Any, priorities: Any,
                           generations: Any = None) -> int:
@@ -1207,11 +1066,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         2 5.0
         0
         """
-        if generations is None and self._check_for_update:
-            generations = (np.zeros(len(_rules.index_vector(indexes, "indexes")), np.uint64)
-                           if self._sampled_generations is None
-                           else self._sampled_generations.generations_of(indexes))
-        return self._store.update(indexes, priorities, generations)
+        return self._update(indexes, priorities, generations)
 
     def get_max_priority(self) -> float:
         """The largest raw priority seen (1.0 before any was given).
@@ -1232,15 +1087,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 def _open_view(cls: Type[ReplayBuffer], backend: str, location: str,
                seed: Optional[int], lock_timeout: float = 60.0,
                token: Optional[str] = None) -> ReplayBuffer:
-    """Map an existing segment and bind a view handle of the buffer's own kind to it.
-
-    With `token` (unpickling), FileNotFoundError unless the segment there is that very buffer
-    in this machine's memory: same identity token, made under this kernel boot."""
-    segment = _memory.attach(backend, location)
+    """Open an existing segment (_open, the one open path) and bind a view handle of the
+    buffer's own kind to it. With `token` (unpickling), FileNotFoundError unless the segment
+    there is that very buffer in this machine's memory."""
+    segment, layout = _open.open_segment(backend, location, token)
     try:
-        header, layout = _layout.read(segment.memory, segment.size, location)
-        if token is not None:
-            _check_identity(layout, token, location)
         target = cls._target_class(layout.prioritized)
         if target is None:
             kind = "prioritized" if layout.prioritized else "uniform"
@@ -1254,22 +1105,6 @@ def _open_view(cls: Type[ReplayBuffer], backend: str, location: str,
         raise
 
 
-def _check_identity(layout: _layout.Layout, token: str, location: str) -> None:
-    """FileNotFoundError unless `layout` is the buffer whose identity token is `token`, in
-    memory this process shares with its owner."""
-    if layout.token != token:
-        raise FileNotFoundError(errno.ENOENT, "the segment at this name is another buffer than "
-                                              "the handle's (its identity token differs: "
-                                              "another host's /dev/shm, or a new buffer under "
-                                              "the name)", location)
-    boot = layout.meta.get("boot_id")
-    if boot is not None and boot != _proc.boot_id():
-        # The same file seen from another kernel (a shared disk): not shared memory.
-        raise FileNotFoundError(errno.ENOENT, f"the segment at this name was made under another "
-                                              f"kernel boot ({boot}): another host's file",
-                                location)
-
-
 def _reattach(cls: Type[ReplayBuffer], backend: str, location: str,
               token: Optional[str] = None,
               remote_state: Optional[Dict[str, Any]] = None) -> ReplayBuffer:
@@ -1280,8 +1115,6 @@ def _reattach(cls: Type[ReplayBuffer], backend: str, location: str,
     except FileNotFoundError:
         if remote_state is None:
             raise
-        from cpprb_ray import remote
-
         handle = remote.client(cls, backend, location, token, remote_state)
         if handle is None:   # not in a Ray job, or on the owner's node: the segment is gone
             raise

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cpprb_ray import _compat, _layout, _memory, _rules, _store, nstep, rate_limiters
+from cpprb_ray import _compat, _layout, _memory, _rules, _segment, nstep, rate_limiters
 from cpprb_ray._atomic import remove_stale_temporaries, write_atomically
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "remove_stale_temporaries", "save",
@@ -98,10 +98,10 @@ def check_target(path: str) -> None:
                          f"a save replaces a regular file only")
     try:
         with open(path, "rb", buffering=0) as handle:
-            head = handle.read(len(_store.MAGIC))
+            head = handle.read(len(_segment.MAGIC))
     except OSError:
         return
-    if head == _store.MAGIC:
+    if head == _segment.MAGIC:
         raise ValueError(f"file {path!r} is a cpprb_ray buffer's segment, not a checkpoint: "
                          f"saving there would take its name from the buffer; save elsewhere")
 
@@ -335,7 +335,7 @@ def save(buffer: Any, file: Any) -> None:
     if unknown:
         raise ValueError(f"cannot checkpoint this buffer: it uses {unknown}, which this "
                          f"cpprb_ray's checkpoints do not record")
-    header, rows, tail, leaves = buffer._store.dump()
+    header, rows, tail, leaves = buffer._image.dump()
     # Generations past the stored slots matter only up to the last slot ever written (a clear
     # leaves them odd-free but nonzero): an add there continues from them.
     written = np.flatnonzero(tail)
@@ -540,7 +540,7 @@ def load(cls: Type[Any], file: Any, *, backend: str = "auto", name: Optional[str
         if not saved.matches(buffer._layout):
             raise refused(file, "its row layout differs from the one this cpprb_ray makes for "
                                 "its env_dict (written by another version)")
-        buffer._store.restore(saved.rows, saved.tail, saved.leaves, saved.next_index,
+        buffer._image.restore(saved.rows, saved.tail, saved.leaves, saved.next_index,
                               saved.max_priority, saved.rows_added, *saved.limiter_counts)
     except BaseException:
         buffer.close()

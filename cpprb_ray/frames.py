@@ -255,12 +255,14 @@ class LaneConfig:
                              f"({error})") from None
         return config
 
-    def store_specs(self, stored: List[Column]) -> List[Tuple[int, int, int, int, bool]]:
-        """(store column, stack, plane bytes, item bytes, has next) per frame column, for
-        ReplayStore.bind_lanes."""
+    def store_specs(self, stored: List[Column]) -> List[Tuple[int, int, int, int, int, int]]:
+        """Per frame column: (store column, stack, plane bytes, item bytes, the public column of
+        its values, that of its next values or -1), for the LaneStore."""
         index = {c.name: k for k, c in enumerate(stored)}
+        public = [name for name, _, _ in self.public]
         return [(index[f.name], f.stack, stored[index[f.name]].row_bytes, f.dtype.itemsize,
-                 f.next is not None) for f in self.frames]
+                 public.index(f.name), -1 if f.next is None else public.index(f.next))
+                for f in self.frames]
 
     def check_lane_size(self, capacity: int, location: str) -> None:
         stack_max = max([f.stack for f in self.frames] + [1])
@@ -271,17 +273,19 @@ class LaneConfig:
 
 
 class LaneWriter:
-    """One handle's side of a laned buffer: its lane (claimed on the first add), the cached
-    stacks that end it, and the staging of add's and sample's arrays."""
+    """The lane writer: one handle's side of a laned buffer, its lane (claimed on the first
+    add), the cached stacks that end it, and the staging of add's arrays; a writer part
+    (see :mod:`cpprb_ray._parts`) over the buffer's LaneStore."""
 
-    def __init__(self, store: Any, config: LaneConfig, stored: List[Column], capacity: int):
-        self._store = store
+    def __init__(self, lanes: Any, config: LaneConfig, stored: List[Column], capacity: int):
+        self._lanes = lanes
+        self._store = lanes.store
         self._capacity = capacity
         self._config = config
         self._stored = stored
         self._framed = {f.name: f for f in config.frames}
         self._next_names = {f.next for f in config.frames if f.next is not None}
-        self._public_names = frozenset(name for name, _, _ in config.public)
+        self.columns = config.columns()   # the public columns, what add takes
         self._token = secrets.randbits(63) | 1
         self._lane: Optional[int] = None
         self._pid = os.getpid()
@@ -290,14 +294,22 @@ class LaneWriter:
         self._chunk_size = self._chunk()
         self._store_order = [(c.name, c.name in self._framed) for c in stored]
 
+    staged = None
+
     @property
     def public(self) -> List[Tuple[str, Tuple[int, ...], np.dtype]]:
         """The columns add takes and sample returns: (name, shape, dtype), env_dict order."""
         return self._config.public
 
-    def columns(self) -> List[Column]:
-        """The public columns as Column objects (what add takes)."""
-        return self._config.columns()
+    def end_episode(self, timeout: Optional[float]) -> None:
+        _rules.as_timeout(timeout)   # refused alike, with nothing to commit
+
+    def forget(self) -> None:
+        """Nothing is staged in the lane writer (the lane's rows are in the segment)."""
+
+    def close(self) -> None:
+        """Give the lane back (its rows stay)."""
+        self.release()
 
     @property
     def lane(self) -> Optional[int]:
@@ -320,9 +332,9 @@ class LaneWriter:
         none is free: its add then takes a dead owner's lane or raises LaneError)."""
         lane = self.lane
         if lane is None:
-            free = np.flatnonzero(self._store.lane_owners()[:, 0] == 0)
+            free = np.flatnonzero(self._lanes.lane_owners()[:, 0] == 0)
             lane = int(free[0]) if free.size else 0
-        return int(self._store.lane_next_slots()[lane])
+        return int(self._lanes.lane_next_slots()[lane])
 
     # -- lanes ------------------------------------------------------------------------------
 
@@ -340,7 +352,7 @@ class LaneWriter:
         namespace = _pid_namespace_id()
         dead = []
         for lane, (owner, owner_start, token, owner_namespace) in enumerate(
-                self._store.lane_owners().tolist()):
+                self._lanes.lane_owners().tolist()):
             # An owner in another pid namespace (a container sharing /dev/shm) is invisible in
             # our /proc: it is never judged dead from here.
             if owner == 0 or owner_namespace != namespace:
@@ -350,40 +362,17 @@ class LaneWriter:
                     owner):
                 dead.append((lane, owner, owner_start, token))
         table = np.array(dead, dtype=np.uint64).reshape(-1, 4)
-        self._lane = int(self._store.claim_lane(pid, start, self._token, namespace, table))
+        self._lane = int(self._lanes.claim_lane(pid, start, self._token, namespace, table))
         self._cache_writes[0] = 0
         return self._lane
 
     def release(self) -> None:
         """Free this handle's lane (its rows stay); a no-op before the first add."""
         if self._lane is not None and self._pid == os.getpid():
-            self._store.release_lane(self._lane, self._token)
+            self._lanes.release_lane(self._lane, self._token)
         self._lane = None
 
     # -- add --------------------------------------------------------------------------------
-
-    def _stage(self, name: str, value: Any, shape: Tuple[int, ...], dtype: np.dtype):
-        value_type = type(value)
-        # The common cases first: one row as an array of its exact dtype and shape (a frame
-        # stack), and a Python number for a one-number column.
-        if value_type is np.ndarray:
-            if value.dtype is dtype and value.shape == shape and value.flags.c_contiguous:
-                return value.reshape((1,) + shape)
-            array = _rules.column_array(value, dtype, name)
-        elif shape == (1,) and (value_type is float or value_type is int) and (
-                dtype.kind == "f" or (value_type is int and dtype == np.int64)):
-            # (An int into a narrower int column takes the general path: numpy's same_kind
-            # cast, as every other add does; so does one too large for int64.)
-            try:
-                return np.array(((value,),), dtype=dtype)
-            except OverflowError:
-                array = _rules.column_array(value, dtype, name)
-        else:
-            array = _rules.column_array(value, dtype, name)
-        rows = _rules.rows_of(array.shape, shape)
-        if rows < 0:
-            raise _rules.shape_error(name, shape, array.shape)
-        return np.ascontiguousarray(array.reshape((rows,) + shape), dtype=dtype)
 
     def _chunk(self) -> int:
         """Transitions one kernel call takes: as many as the smallest lane holds in the worst
@@ -407,20 +396,8 @@ class LaneWriter:
                 if column.name not in staged and column.name not in self._framed:
                     staged[column.name] = np.zeros((count,) + column.shape, dtype=column.dtype)
             return self._write(staged, count, None, timeout, True, out, admit)
-        if len(columns) != len(self._public_names) or set(columns) != self._public_names:
-            raise _rules.columns_error(self._public_names, columns)
-        staged = {}
-        count = -1
-        for name, shape, dtype in self._config.public:
-            array = self._stage(name, columns[name], shape, dtype)
-            if count < 0:
-                count = array.shape[0]
-            elif array.shape[0] != count:
-                raise ValueError(f"column {name!r} has {array.shape[0]} rows, the others "
-                                 f"{count}")
-            staged[name] = array
-        if count == 0:
-            raise ValueError("add needs at least one row")
+        arrays, count = _rules.stage_rows(self.columns, columns)
+        staged = {column.name: array for column, array in zip(self.columns, arrays)}
         if priorities is not None:
             priorities = _rules.real_vector(priorities, count, "priorities")
         return self._write(staged, count, priorities, timeout, False, None)
@@ -444,7 +421,7 @@ class LaneWriter:
             values = [None if framed else part[name] for name, framed in self._store_order]
             stacks = [(part[f.name], None if f.next is None else part[f.next], cache)
                       for f, cache in zip(self._config.frames, self._caches)]
-            slot = self._store.add_lanes(
+            slot = self._lanes.add_lanes(
                 lane, self._token, stop - start, values, stacks,
                 None if priorities is None else priorities[start:stop], self._cache_writes,
                 timeout, incomplete, None if out is None else out[0][start:stop],
@@ -456,58 +433,39 @@ class LaneWriter:
         return first
 
     def complete(self, rows: Mapping[str, np.ndarray], priorities: Optional[np.ndarray],
-                 slots: np.ndarray, generations: np.ndarray, last_slots: np.ndarray,
-                 last_generations: np.ndarray, timeout: Optional[float] = None) -> int:
-        """Complete N-step rows: `rows` has their n-step columns (others are kept as added).
-        A rate limiter admits them as one add, waiting up to `timeout`."""
+                 weights: Optional[np.ndarray], slots: np.ndarray, generations: np.ndarray,
+                 last_slots: np.ndarray, last_generations: np.ndarray,
+                 timeout: Optional[float] = None) -> int:
+        """Complete N-step rows: `rows` has their n-step columns (others are kept as added),
+        `priorities` and their `weights` as ReplayStore.weights_of gave them (NaN: none). A
+        rate limiter admits them as one add, waiting up to `timeout`."""
         values = [None if c.name in self._framed or c.name not in rows
                   else np.ascontiguousarray(rows[c.name], dtype=c.dtype) for c in self._stored]
-        return int(self._store.complete_lanes(
+        return int(self._lanes.complete_lanes(
             np.ascontiguousarray(slots, dtype=np.int64),
             np.ascontiguousarray(generations, dtype=np.uint64),
             np.ascontiguousarray(last_slots, dtype=np.int64),
             np.ascontiguousarray(last_generations, dtype=np.uint64), values,
             None if priorities is None else np.ascontiguousarray(priorities, dtype=np.float64),
-            timeout))
+            timeout,
+            None if weights is None else np.ascontiguousarray(weights, dtype=np.float64)))
 
-    # -- sample -----------------------------------------------------------------------------
 
-    def _outputs(self, batch: int, out: Optional[Mapping[str, np.ndarray]]):
-        result: Dict[str, np.ndarray] = {}
-        wanted = [(name, (batch,) + shape, dtype) for name, shape, dtype in self._config.public]
-        wanted += [("indexes", (batch,), np.dtype(np.int64)),
-                   ("weights", (batch,), np.dtype(np.float32)),
-                   ("generations", (batch,), np.dtype(np.uint64))]
-        if out is not None and not isinstance(out, Mapping):
-            raise TypeError(f"out must be a dict of arrays; got {type(out).__name__}")
-        for name, shape, dtype in wanted:
-            if out is None:
-                result[name] = np.empty(shape, dtype=dtype)
-                continue
-            array = out.get(name)
-            if (type(array) is not np.ndarray or array.shape != shape or array.dtype != dtype
-                    or not array.flags.c_contiguous or not array.flags.writeable):
-                raise ValueError(f"out[{name!r}] must be a writable C-contiguous {dtype} array "
-                                 f"of shape {shape}")
-            result[name] = array
-        outputs = [None if c.name in self._framed else result[c.name] for c in self._stored]
-        stacks = [(result[f.name], None if f.next is None else result[f.next])
-                  for f in self._config.frames]
-        return result, outputs, stacks
+class LaneSampler:
+    """The lanes' sampler: rows drawn through the tree (a uniform laned buffer weighs each row
+    1), their frame stacks rebuilt from the planes of the slots before them in their lane."""
 
-    def sample(self, batch: int, beta: float, out: Optional[Mapping[str, np.ndarray]],
-               timeout: Optional[float]) -> Dict[str, np.ndarray]:
-        result, outputs, stacks = self._outputs(batch, out)
-        self._store.sample_lanes(batch, beta, outputs, stacks, result["indexes"],
-                                 result["weights"], result["generations"], timeout)
-        return result
+    def __init__(self, lanes: Any) -> None:
+        self.sample = lanes.sample
+        self.all_rows = lanes.all_rows
+        self.update = lanes.store.update
 
-    def all_rows(self, room: int) -> Dict[str, np.ndarray]:
-        """Every live row (at most `room`), in slot order."""
-        result, outputs, stacks = self._outputs(max(room, 1), None)
-        found = 0
-        if room > 0:
-            found = self._store.sample_lanes(room, 0.0, outputs, stacks, result["indexes"],
-                                             result["weights"], result["generations"],
-                                             every_row=True)
-        return {name: result[name][:found] for name, _, _ in self._config.public}
+
+def lane_store(store: Any, layout: Any, config: LaneConfig, location: str) -> Any:
+    """The LaneStore of a laned layout over `store`: its lane table and frame columns bound,
+    checked against the segment once more."""
+    from cpprb_ray._lanestore import LaneStore
+
+    config.check_lane_size(layout.capacity, location)
+    return LaneStore(store, layout.meta["lanes"]["offset"], config.count,
+                     config.store_specs(layout.columns), config.public)

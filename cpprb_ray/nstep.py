@@ -45,6 +45,7 @@ import math
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -53,8 +54,8 @@ import numpy as np
 from cpprb_ray import _layout, _rules
 from cpprb_ray._store import NeverAdmitted
 
-__all__ = ["DISCOUNTS", "DONE", "NstepConfig", "NstepStaging", "cast_steps", "meta_of",
-           "plan_columns"]
+__all__ = ["DISCOUNTS", "DONE", "LaneSink", "NstepConfig", "NstepStaging", "NstepWriter",
+           "RingSink", "meta_of", "plan_columns"]
 
 DISCOUNTS = "discounts"   # the column this module adds: g**m per row
 DONE = "done"             # the terminated flag, as in cpprb
@@ -314,39 +315,6 @@ def meta_of(config: Optional[NstepConfig]) -> Dict[str, Any]:
     return {} if config is None else {META_KEY: config.as_dict()}
 
 
-def cast_steps(columns: Sequence[Any], values: Mapping[str, Any]) -> Tuple[List[np.ndarray], int]:
-    """Validate and cast one step or a batch of steps of `columns`: (arrays of (count, *shape)
-    in column order, count). The rules and messages of ``ReplayBuffer.add``.
-
-    Examples
-    --------
-    >>> from cpprb_ray._layout import parse_env_dict
-    >>> from cpprb_ray.nstep import cast_steps
-    >>> arrays, count = cast_steps(parse_env_dict({"obs": {"shape": 2}, "done": {}}),
-    ...                            {"obs": [1, 2], "done": 0})
-    >>> [a.shape for a in arrays], count
-    ([(1, 2), (1, 1)], 1)
-    """
-    if len(values) != len(columns) or any(c.name not in values for c in columns):
-        raise _rules.columns_error([c.name for c in columns], values)
-    arrays = []
-    count = -1
-    for column in columns:
-        array = _rules.column_array(values[column.name], column.dtype, column.name)
-        rows = _rules.rows_of(array.shape, column.shape)
-        if rows < 0:
-            raise _rules.shape_error(column.name, column.shape, array.shape)
-        if count < 0:
-            count = rows
-        elif rows != count:
-            raise ValueError(f"ragged batch: column {column.name!r} has {rows} rows, "
-                             f"{columns[0].name!r} has {count}")
-        arrays.append(array.reshape((rows,) + column.shape))
-    if count == 0:
-        raise ValueError("add needs at least one row; got a batch of 0")
-    return arrays, count
-
-
 def _never_admitted(error: NeverAdmitted, call: str, staged: int) -> NeverAdmitted:
     """The rate limiter's refusal of an N-step commit, saying which rows it counted: a row for
     each step whose window of n steps is complete, steps staged by earlier adds included (so a
@@ -363,14 +331,23 @@ class NstepStaging:
     Not shared: each handle (and each process a handle is inherited into by fork) has its own,
     empty at first. Thread-safe, though interleaving two streams on one handle mixes them.
 
-    The staging holds no reference to its buffer (no cycle that would delay freeing an owner's
-    segment); every call that commits gets the buffer as `sink`, which provides
-    ``sink._commit_rows(arrays_by_name, priorities_or_None, timeout) -> first slot`` (ONE store
-    add; `timeout` is how long a rate limiter may hold it back, and a TimeoutError there leaves
-    the staging as it was before the call),
-    and on a prioritized buffer ``sink._step_priorities(priorities, count) -> float64 array``
-    (validation) and ``sink.get_max_priority()``; ``sink.closed`` refuses adds to a closed
-    buffer.
+    Every call that commits gets the writer part it commits through as `sink`: a RingSink or
+    a LaneSink (below), the two implementations of the interface it declares::
+
+        sink.closed -> bool                 adds to a closed buffer are refused
+        sink.laned -> bool                  which of the two ways below it commits
+        sink.weights_of(priorities, count)  (float64 priorities, their leaf weights): the
+                                            one check and weighing of a step's priorities
+        sink.commit(rows, priorities, weights, timeout) -> first slot      (ring)
+        sink.write_steps(steps, count, slots, generations, timeout, admit) (lane)
+        sink.rows_lost(slots, generations) -> bool                         (lane)
+        sink.complete(rows, priorities, weights, slots, generations, last_slots,
+                      last_generations, timeout) -> first slot or None     (lane)
+
+    A commit is ONE store call; `timeout` is how long a rate limiter may hold it back, and a
+    TimeoutError there leaves the staging as it was before the call. Priorities and weights
+    are None when no committed step came with one, else NaN for each step that did not: the
+    store gives those the largest priority seen, read under its lock.
 
     Parameters
     ----------
@@ -389,8 +366,9 @@ class NstepStaging:
     ...                                {"size": 2, "gamma": 0.5, "rew": "rew", "next": "next_obs"})
     >>> class Sink:
     ...     closed = False
+    ...     laned = False
     ...     committed = []
-    ...     def _commit_rows(self, rows, priorities, timeout=None):
+    ...     def commit(self, rows, priorities, weights, timeout=None):
     ...         self.committed.append(rows)
     ...         return 0
     >>> staging = NstepStaging(config, columns, prioritized=False)
@@ -405,7 +383,7 @@ class NstepStaging:
     def __init__(self, config: NstepConfig, columns: Sequence[Any], prioritized: bool,
                  laned: bool = False) -> None:
         self.config = config
-        # A laned buffer (frames): each step goes into the lane when it is staged, as a row that
+        # Through a lane (frames): each step goes into the lane when it is staged, as a row that
         # waits for its window (its frames must be in the lane in stream order); a commit then
         # completes those rows. Each staged step keeps its row's slot and generation.
         self._laned = laned
@@ -451,8 +429,7 @@ class NstepStaging:
         self._allocate(self._base_capacity)
 
     def _allocate(self, capacity: int) -> None:
-        self._set_storage(capacity, self._new_storage(capacity),
-                          np.full(capacity, np.nan, dtype=_FLOAT64))
+        self._set_storage(capacity, self._new_storage(capacity), self._no_priorities(capacity))
         self._head = 0    # first staged step
         self._tail = 0    # one past the last staged step
         self._fork_epoch = _FORKS[0]
@@ -465,11 +442,20 @@ class NstepStaging:
             storage[_GENERATION] = np.empty(capacity, dtype=np.uint64)
         return storage
 
+    @staticmethod
+    def _no_priorities(capacity: int) -> np.ndarray:
+        """(2, capacity) float64 of NaN: each staged step's priority and its leaf weight."""
+        return np.full((2, capacity), np.nan, dtype=_FLOAT64)
+
     def _set_storage(self, capacity: int, storage: Dict[str, np.ndarray],
                      priorities: np.ndarray) -> None:
         self._capacity = capacity
         self._storage = storage
-        self._priorities = priorities   # NaN: the step came without one
+        # Each staged step's priority and leaf weight, checked and weighed when it was added
+        # (sink.weights_of); NaN: the step came without one.
+        self._priority_table = priorities
+        self._priorities = priorities[0]
+        self._leaf_weights = priorities[1]
         # 1-D views of the one-number columns, for the single-step path's item reads and writes
         self._scalars = {name: array[:, 0] for name, array in storage.items()
                          if array.shape[1:] == (1,)}
@@ -497,7 +483,7 @@ class NstepStaging:
         >>> with ReplayBuffer(8, env, Nstep={"size": 3, "gamma": 1.0, "rew": "rew",
         ...                                  "next": "next_obs"}) as rb:
         ...     _ = rb.add(rew=[1.0, 1.0], next_obs=[1.0, 2.0], done=[0.0, 0.0])
-        ...     print(rb._nstep.staged, rb.get_stored_size())
+        ...     print(rb._writer.staged, rb.get_stored_size())
         2 0
         """
         if self._fork_epoch != _FORKS[0] or self._cleared != self._clears:
@@ -537,12 +523,12 @@ class NstepStaging:
         if staged + count > self._capacity:
             capacity = max(2 * self._capacity, staged + count + self._size)
             storage = self._new_storage(capacity)
-            priorities = np.full(capacity, np.nan, dtype=_FLOAT64)
+            priorities = self._no_priorities(capacity)
         else:
-            capacity, storage, priorities = self._capacity, self._storage, self._priorities
+            capacity, storage, priorities = self._capacity, self._storage, self._priority_table
         for name, old in self._storage.items():
             storage[name][:staged] = old[self._head:self._tail]
-        priorities[:staged] = self._priorities[self._head:self._tail]
+        priorities[:, :staged] = self._priority_table[:, self._head:self._tail]
         if storage is not self._storage:   # compacting in place keeps every view valid
             self._set_storage(capacity, storage, priorities)
         self._head, self._tail = 0, staged
@@ -580,14 +566,17 @@ class NstepStaging:
             tail = self._tail
             if self._stage_one(values, tail):
                 # Checked before the lane write: a bad priority must leave the lane unchanged.
-                priority = (np.nan if priorities is None
-                            else sink._step_priorities(priorities, 1)[0])
+                priority = weight = np.nan
+                if priorities is not None:
+                    given, weights = sink.weights_of(priorities, 1)
+                    priority, weight = given[0], weights[0]
                 if self._laned:
                     done = bool(self._scalars[DONE][tail])
                     timeout = self._write_steps(
                         sink, tail, tail + 1, timeout,
                         self._ready(tail if done else -1, tail + 1) - self._head)
                 self._priorities[tail] = priority
+                self._leaf_weights[tail] = weight
                 if not self._scalars[DONE][tail]:
                     if tail + 1 - self._head < self._size:
                         self._tail = tail + 1
@@ -600,9 +589,10 @@ class NstepStaging:
                                               timeout)
                 return self._commit_ready(sink, np.array([tail], dtype=np.int64), tail + 1,
                                           timeout)
-            arrays, count = cast_steps(self._user_columns, values)
+            arrays, count = _rules.stage_rows(self._user_columns, values)
+            weights = None
             if priorities is not None:
-                priorities = sink._step_priorities(priorities, count)
+                priorities, weights = sink.weights_of(priorities, count)
             self._reserve(count)
             tail = self._tail
             new_tail = tail + count
@@ -614,6 +604,7 @@ class NstepStaging:
                     sink, tail, new_tail, timeout,
                     self._ready(int(ends[-1]) if ends.shape[0] else -1, new_tail) - self._head)
             self._priorities[tail:new_tail] = np.nan if priorities is None else priorities
+            self._leaf_weights[tail:new_tail] = np.nan if weights is None else weights
             return self._commit_ready(sink, ends, new_tail, timeout)
         except NeverAdmitted as error:
             raise _never_admitted(error, "the add", staged) from None
@@ -634,8 +625,8 @@ class NstepStaging:
         plain ring's staged steps do. No limiter wait: they complete no row by themselves."""
         head = self._head
         storage = self._storage
-        if stop > head and sink._lane_rows_lost(storage[_SLOT][head:stop],
-                                                storage[_GENERATION][head:stop]):
+        if stop > head and sink.rows_lost(storage[_SLOT][head:stop],
+                                          storage[_GENERATION][head:stop]):
             self._lane_write(sink, head, stop, None, 0)
 
     def _lane_write(self, sink: Any, start: int, stop: int, timeout: Optional[float],
@@ -643,9 +634,9 @@ class NstepStaging:
         """Staged steps start..stop-1 into the lane; each one's slot and generation, as
         written, beside it in the staging (`rows`: what the limiter must admit first)."""
         storage = self._storage
-        sink._lane_steps({name: storage[name][start:stop] for name in self._names}, stop - start,
-                         storage[_SLOT][start:stop], storage[_GENERATION][start:stop], timeout,
-                         rows)
+        sink.write_steps({name: storage[name][start:stop] for name in self._names},
+                         stop - start, storage[_SLOT][start:stop],
+                         storage[_GENERATION][start:stop], timeout, rows)
 
     def _write_steps(self, sink: Any, start: int, stop: int, timeout: Optional[float],
                      rows: int) -> Optional[float]:
@@ -663,22 +654,27 @@ class NstepStaging:
             return None
         return max(0.0, seconds - (time.monotonic() - started))
 
-    def _commit(self, sink: Any, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
-                timeout: Optional[float], head: int, ready: int, lasts: np.ndarray) -> Any:
-        """Hand rows head..ready-1 to the sink: as new rows, or (laned) completing the rows
-        their steps were written as, whose next stacks end at the rows of steps `lasts`."""
+    def _commit(self, sink: Any, rows: Dict[str, np.ndarray], timeout: Optional[float],
+                head: int, ready: int, lasts: np.ndarray) -> Any:
+        """Hand rows head..ready-1 to the sink, with their steps' priorities and weights: as
+        new rows, or (laned) completing the rows their steps were written as, whose next stacks
+        end at the rows of steps `lasts`."""
+        priorities = weights = None
+        if self._prioritized and not np.isnan(self._priorities[head:ready]).all():
+            priorities = self._priorities[head:ready]
+            weights = self._leaf_weights[head:ready]
         if not self._laned:
-            return sink._commit_rows(rows, priorities, timeout)
+            return sink.commit(rows, priorities, weights, timeout)
         storage = self._storage
         self._rewrite_lost_steps(sink, int(lasts.max()) + 1)   # on_episode_end after a clear
-        return sink._complete_rows(rows, priorities, storage[_SLOT][head:ready],
-                                   storage[_GENERATION][head:ready], storage[_SLOT].take(lasts),
-                                   storage[_GENERATION].take(lasts), timeout)
+        return sink.complete(rows, priorities, weights, storage[_SLOT][head:ready],
+                             storage[_GENERATION][head:ready], storage[_SLOT].take(lasts),
+                             storage[_GENERATION].take(lasts), timeout)
 
     def _stage_one(self, values: Mapping[str, Any], tail: int) -> bool:
         """Write one step at `tail` when every value is a Python or numpy scalar (one-number
         columns) or an array of the row's shape, of a dtype that same_kind casting allows; else
-        False, and the caller applies cast_steps (which raises what add must raise)."""
+        False, and the caller applies _rules.stage_rows (which raises what add must raise)."""
         if len(values) != len(self._writers):
             return False
         castable = self._castable
@@ -687,7 +683,7 @@ class NstepStaging:
                 value = values[name]
                 value_type = type(value)
                 if value_type is float or value_type is int or value_type is bool:
-                    # An int into a narrower int column follows numpy's cast in cast_steps.
+                    # An int into a narrower int column follows numpy's cast in stage_rows.
                     if scalars is None or not (float_ok or value_type is bool
                                                or (int_ok and value_type is int)):
                         return False
@@ -724,7 +720,8 @@ class NstepStaging:
         >>> with ReplayBuffer(8, env, Nstep={"size": 3, "gamma": 0.5, "rew": "rew",
         ...                                  "next": "next_obs"}) as rb:
         ...     _ = rb.add(rew=[1.0, 2.0], next_obs=[1, 2], done=[0, 0])
-        ...     print(rb._nstep.flush(rb), rb._nstep.flush(rb))
+        ...     staging, sink = rb._writer._staging, rb._writer._sink
+        ...     print(staging.flush(sink), staging.flush(sink))
         ...     rows = rb.get_all_transitions()
         ...     print(rows["rew"].ravel(), rows["next_obs"].ravel(), rows["discounts"].ravel())
         0 None
@@ -755,8 +752,9 @@ class NstepStaging:
         >>> with ReplayBuffer(8, env, Nstep={"size": 3, "gamma": 0.5, "rew": "rew",
         ...                                  "next": "next_obs"}) as rb:
         ...     _ = rb.add(rew=1.0, next_obs=1.0, done=0.0)
-        ...     rb._nstep.clear()
-        ...     print(rb._nstep.staged, rb._nstep.flush(rb))
+        ...     staging, sink = rb._writer._staging, rb._writer._sink
+        ...     staging.clear()
+        ...     print(staging.staged, staging.flush(sink))
         0 None
         """
         # Never waits: an add that the rate limiter holds back in another thread keeps the lock
@@ -792,27 +790,10 @@ class NstepStaging:
             scratch[0, 0] = total
             rows[name] = scratch
         rows[DISCOUNTS] = self._full_discount
-        priorities = None
-        if self._prioritized and not math.isnan(self._priorities[head]):
-            priorities = self._priorities[head:head + 1]
-        first = self._commit(sink, rows, priorities, timeout, head, head + 1,
+        first = self._commit(sink, rows, timeout, head, head + 1,
                              np.array([last], dtype=np.int64))
         self._head = head + 1
         return first
-
-    def _priorities_of(self, sink: Any, start: int, stop: int) -> Optional[np.ndarray]:
-        if not self._prioritized:
-            return None
-        given = self._priorities[start:stop]
-        missing = np.isnan(given)
-        if missing.all():
-            return None   # the store gives them its max priority, as a plain add does
-        if not missing.any():
-            return given
-        filled = given.copy()
-        # A step added without a priority gets the largest one seen, as a plain add gives it.
-        filled[missing] = sink.get_max_priority()
-        return filled
 
     def _commit_ready(self, sink: Any, ends: np.ndarray, new_tail: int,
                       timeout: Optional[float]) -> Optional[int]:
@@ -846,8 +827,7 @@ class NstepStaging:
                     total += weight * storage[name][head + k:ready + k].astype(_FLOAT64)
                 rows[name] = total.astype(storage[name].dtype)
             rows[DISCOUNTS] = np.full((ready - head, 1), self._powers[size], dtype=_FLOAT32)
-        first = self._commit(sink, rows, self._priorities_of(sink, head, ready), timeout, head,
-                             ready, lasts)
+        first = self._commit(sink, rows, timeout, head, ready, lasts)
         self._head = ready
         self._tail = new_tail
         if ready == new_tail:
@@ -903,9 +883,135 @@ class NstepStaging:
         """Back to the base capacity after a large batch (at most n - 1 steps are staged)."""
         staged = self._tail - self._head
         storage = self._new_storage(self._base_capacity)
-        priorities = np.full(self._base_capacity, np.nan, dtype=_FLOAT64)
+        priorities = self._no_priorities(self._base_capacity)
         for name, old in self._storage.items():
             storage[name][:staged] = old[self._head:self._tail]
-        priorities[:staged] = self._priorities[self._head:self._tail]
+        priorities[:, :staged] = self._priority_table[:, self._head:self._tail]
         self._set_storage(self._base_capacity, storage, priorities)
         self._head, self._tail = 0, staged
+
+
+# -- the N-step writer and its two sinks --------------------------------------------------------
+
+class RingSink:
+    """N-step's sink into the plain ring: finished transitions go in as ONE store add."""
+
+    laned = False
+
+    def __init__(self, store: Any, columns: Sequence[Any]) -> None:
+        self._store = store
+        self._names = [c.name for c in columns]
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._store.closed)
+
+    def weights_of(self, priorities: Any, count: int) -> Tuple[np.ndarray, np.ndarray]:
+        """`count` steps' priorities as float64, checked, with their leaf weights."""
+        array = _rules.real_vector(priorities, count, "priorities")
+        return array, self._store.weights_of(array, "priorities")
+
+    def commit(self, rows: Mapping[str, np.ndarray], priorities: Optional[np.ndarray],
+               weights: Optional[np.ndarray], timeout: Optional[float]) -> Optional[int]:
+        first = self._store.add([rows[name] for name in self._names], priorities, timeout,
+                                weights)
+        return None if first is None else int(first)   # None: a remote handle queued them
+
+
+class LaneSink(RingSink):
+    """N-step's sink into a handle's lane: each step is written when it is staged, as a row
+    that waits for its window; a commit completes those rows (frames in stream order)."""
+
+    laned = True
+
+    def __init__(self, store: Any, writer: Any) -> None:
+        super().__init__(store, writer.columns)
+        self._writer = writer
+
+    def write_steps(self, steps: Dict[str, np.ndarray], count: int, slots: np.ndarray,
+                    generations: np.ndarray, timeout: Optional[float], admit: int) -> None:
+        """Staged steps as rows that wait for their windows (never sampled before complete);
+        each row's slot and generation go to `slots` and `generations`. A rate limiter holds
+        the write back (up to `timeout`) until it would admit the `admit` rows the add then
+        completes, so that an add it holds back writes nothing."""
+        self._writer.add(steps, None, timeout, incomplete=True, out=(slots, generations),
+                         count=count, admit=admit)
+
+    def rows_lost(self, slots: np.ndarray, generations: np.ndarray) -> bool:
+        """Whether the lane rows of staged steps are gone (a clear since they were written)."""
+        return bool(self._writer.rows_lost(slots, generations))
+
+    def complete(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
+                 weights: Optional[np.ndarray], slots: np.ndarray, generations: np.ndarray,
+                 last_slots: np.ndarray, last_generations: np.ndarray,
+                 timeout: Optional[float] = None) -> Optional[int]:
+        """The rows of `slots` get their n-step columns and their next stacks (those ending at
+        `last_slots`), admitted by a rate limiter as one add; the first row's slot, None when
+        no row could be completed."""
+        done = self._writer.complete(rows, priorities, weights, slots, generations, last_slots,
+                                     last_generations, timeout)
+        return int(slots[0]) if done else None
+
+
+class NstepWriter:
+    """The N-step writer (a writer part, :mod:`cpprb_ray._parts`): this handle's staging of
+    its stream's steps over another writer (the ring's or the lane writer), committing finished
+    transitions through the sink into it (a RingSink or a LaneSink).
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer
+    >>> env = {"obs": {}, "rew": {}, "next_obs": {}, "done": {}}
+    >>> spec = {"size": 2, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
+    >>> with ReplayBuffer(8, env, Nstep=spec) as rb:
+    ...     _ = rb.add(obs=0.0, rew=1.0, next_obs=1.0, done=0.0)
+    ...     print(rb._writer.staged, rb.get_stored_size())
+    ...     rb._writer.end_episode(None)
+    ...     print(rb._writer.staged, rb.get_stored_size())
+    1 0
+    0 1
+    """
+
+    def __init__(self, config: NstepConfig, base: Any, sink: RingSink, prioritized: bool) -> None:
+        self.config = config
+        self.columns = base.columns
+        self._base = base
+        self._sink = sink
+        self._staging = NstepStaging(config, base.columns, prioritized, laned=sink.laned)
+
+    @property
+    def staged(self) -> int:
+        return self._staging.staged
+
+    def add(self, values: Mapping[str, Any], priorities: Any,
+            timeout: Optional[float]) -> Optional[int]:
+        return self._staging.add(self._sink, values, priorities, timeout)
+
+    def add_rows(self, rows: Dict[str, np.ndarray], timeout: Optional[float]) -> None:
+        """Finished transitions (a transitions file's), committed as they are."""
+        self._base.add(rows, None, timeout)
+
+    def end_episode(self, timeout: Optional[float]) -> None:
+        self._staging.flush(self._sink, timeout)
+
+    def forget(self) -> None:
+        self._staging.clear()
+
+    def next_slot(self) -> int:
+        return int(self._base.next_slot())
+
+    def close(self) -> None:
+        """Commit the staged steps as a truncated episode end if the rate limiter (if any) lets
+        them in at once, else drop them with a RuntimeWarning; then close the writer below."""
+        staged = self._staging.staged
+        try:
+            # No wait: a close must not hang on a learner that stopped sampling.
+            self._staging.flush(self._sink, 0)
+        except TimeoutError:
+            self._staging.clear()
+            warnings.warn(f"close(): the rate limiter held back the {staged} N-step step(s) "
+                          f"this handle had staged; they were dropped (call "
+                          f"on_episode_end(timeout=...) before close() to wait for it)",
+                          RuntimeWarning, stacklevel=4)
+        finally:
+            self._base.close()

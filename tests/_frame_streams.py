@@ -114,9 +114,9 @@ def write(sender, handle, stream: int, seed: int, seconds: float) -> None:
         else:
             rb.add(**rows)
         if not added:
-            sender.send(rb._lanes.lane)
+            sender.send(rb._writer.lane)
         added += count
-    sender.send((added, rb._lanes.lane))
+    sender.send((added, rb._writer.lane))
     rb.close()
 
 
@@ -129,5 +129,5 @@ def write_until_killed(sender, handle, stream: int, seed: int) -> None:
     while True:
         rb.add(**source.transitions(int(source.random.integers(1, 4))))
         if not told:
-            sender.send((os.getpid(), rb._lanes.lane))
+            sender.send((os.getpid(), rb._writer.lane))
             told = True

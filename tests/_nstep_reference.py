@@ -156,7 +156,7 @@ def child_killed_with_steps_staged(rb, episode: Episode, conn) -> None:
         steps = episode.steps()
         for t in range(len(episode)):
             rb.add(**{key: value[t] for key, value in steps.items()})
-        conn.send(("staged", rb._nstep.staged))
+        conn.send(("staged", rb._writer.staged))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return

@@ -358,16 +358,16 @@ def die_holding_the_lock(name: str, fields: Dict[str, int]) -> None:
     """Attach, take the segment's lock, write header `fields` as a holder does in the middle of
     an operation, and exit without unlocking: the state a SIGKILL at that point leaves.
 
-    The header is the 8-byte magic, then 8-byte fields in ``_store._HEADER_FIELDS`` order."""
-    from cpprb_ray import _store, _sync
+    The header is the 8-byte magic, then 8-byte fields in ``_segment.HEADER_FIELDS`` order."""
+    from cpprb_ray import _segment, _sync
     rb = cpprb_ray.attach(name)
     memory = rb._segment.memory
-    start = _store.MUTEX_OFFSET
+    start = _segment.MUTEX_OFFSET
     mutex = _sync.SharedMutex(memoryview(memory)[start:start + _sync.MUTEX_NBYTES])
     mutex.acquire()
-    header = np.frombuffer(memory, dtype=np.uint64, count=_store.HEADER_NBYTES // 8)
+    header = np.frombuffer(memory, dtype=np.uint64, count=_segment.HEADER_NBYTES // 8)
     for field, value in fields.items():
-        header[1 + _store._HEADER_FIELDS.index(field)] = value
+        header[1 + _segment.HEADER_FIELDS.index(field)] = value
     os._exit(0)
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cpprb_ray import _store
+from cpprb_ray import _segment
 
 SEGMENT_PREFIX = "cpprb_ray"
 
@@ -49,8 +49,8 @@ def _meta(path: str):
     with open(path, "rb") as handle:
         head = handle.read(512)
         try:
-            header = _store.read_header(bytearray(head))
-            if header["magic"] != _store.MAGIC:
+            header = _segment.read_header(bytearray(head))
+            if header["magic"] != _segment.MAGIC:
                 return None
             handle.seek(header["layout_offset"])
             return json.loads(handle.read(header["layout_length"]))["meta"]

@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 import cpprb_ray
-from cpprb_ray import _memory, _store
+from cpprb_ray import _memory, _segment
 
 LOCK_TIMEOUT_S = 0.3
 ATTACH_CHECK_S = 0.5       # how long attach watches a lock word naming a thread that is gone
@@ -172,9 +172,9 @@ class Segment:
 
     def __init__(self, memory: Any) -> None:
         self.memory = memory
-        self.header = _store.read_header(memory)
+        self.header = _segment.read_header(memory)
         self.capacity = int(self.header["capacity"])
-        self.fields = ("magic",) + _store._HEADER_FIELDS
+        self.fields = ("magic",) + _segment.HEADER_FIELDS
         self.lanes: Dict[str, Any] = {}     # a laned segment's lane table (run_case)
 
     def field_offset(self, name: str) -> int:
@@ -197,7 +197,7 @@ Mutation = Callable[[Segment], str]    # corrupts the segment, returns what it d
 
 
 def header_mutation(rng: random.Random, capacity: int) -> Mutation:
-    field = rng.choice(("magic",) + _store._HEADER_FIELDS)
+    field = rng.choice(("magic",) + _segment.HEADER_FIELDS)
     if field in DOUBLE_FIELDS and rng.random() < 0.8:
         value = random_double(rng)
         return lambda s: (s.put_double(s.field_offset(field), value), f"{field} = {value!r}")[1]
@@ -222,7 +222,7 @@ def repair_mutation(rng: random.Random, capacity: int) -> Mutation:
         for name, value in fields.items():
             s.put_u64(s.field_offset(name), value)
         s.put_double(s.field_offset("pending_old_max_priority"), old_max)
-        s.put_u32(_store.MUTEX_OFFSET, word)
+        s.put_u32(_segment.MUTEX_OFFSET, word)
         return f"dead holder: {fields}, pending_old_max_priority={old_max!r}, lock {word:#x}"
     return apply
 
@@ -241,7 +241,7 @@ def lock_mutation(rng: random.Random, live_tids: List[int]) -> Mutation:
         if value is None:   # a live thread: chosen at apply time (tids differ per child)
             tid = os.getpid() if kind == "own" else live_tids[pick % len(live_tids)]
             value = tid | (FUTEX_WAITERS if kind == "live_waiters" else 0)
-        s.put_u32(_store.MUTEX_OFFSET, value)
+        s.put_u32(_segment.MUTEX_OFFSET, value)
         return f"lock word ({kind}) = {value:#x}"
     return apply
 
@@ -253,7 +253,7 @@ def mutex_mutation(rng: random.Random) -> Mutation:
                         rng.getrandbits(8)])
 
     def apply(s: Segment) -> str:
-        s.put_u32(_store.MUTEX_OFFSET + offset, value)
+        s.put_u32(_segment.MUTEX_OFFSET + offset, value)
         return f"mutex bytes {offset}..{offset + 4} = {value:#x}"
     return apply
 
@@ -405,7 +405,7 @@ def lane_mutation(rng: random.Random, capacity: int) -> Mutation:
             return f"{what} of slot {slot} = {small}"
         s.put_u64(s.field_offset("pending_lane"), value)
         s.put_u64(s.field_offset("op"), 1)
-        s.put_u32(_store.MUTEX_OFFSET, FUTEX_OWNER_DIED | DEAD_TID)
+        s.put_u32(_segment.MUTEX_OFFSET, FUTEX_OWNER_DIED | DEAD_TID)
         return f"dead holder mid-add in lane {value:#x}"
     return apply
 

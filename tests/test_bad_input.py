@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import cpprb_ray
-from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer, _store
+from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer, _segment
 
 ENV = {"obs": {"shape": 3}, "act": {"dtype": np.int64}, "rew": {}}
 HEADER_BYTES = 256    # the fixed header fields, after an 8-byte magic (see _store.pyx)
@@ -455,11 +455,11 @@ def _real_bytes(backend: str, prioritized: bool = True) -> bytes:
 def _field_offset(real: bytes, field: str) -> int:
     """Where header field `field` lives: the 8 bytes whose change changes what read_header reads
     (so these tests do not hard-code the header's order)."""
-    reference = _store.read_header(bytearray(real))[field]
+    reference = _segment.read_header(bytearray(real))[field]
     for offset in range(8, HEADER_BYTES, 8):
         data = bytearray(real)
         data[offset:offset + 8] = bytes(b ^ 0x5A for b in data[offset:offset + 8])
-        if _store.read_header(data)[field] != reference:
+        if _segment.read_header(data)[field] != reference:
             return offset
     raise AssertionError(f"header field {field!r} not found")
 
@@ -469,7 +469,7 @@ def _set_field(data: bytearray, field: str, value: int) -> None:
 
 
 def _get_field(data: bytes, field: str) -> int:
-    return _store.read_header(bytearray(data))[field]
+    return _segment.read_header(bytearray(data))[field]
 
 
 def _with_layout(data: bytes, edit) -> bytearray:

@@ -214,4 +214,4 @@ def test_fill_commits_the_steps_n_step_staging_holds_back():
     spec = {"size": 3, "gamma": 0.99, "rew": "rew", "next": "next_obs"}
     with cpprb_ray.PrioritizedReplayBuffer(3000, _common.env_dict(), Nstep=spec) as rb:
         _common.fill(rb, 3000, np.random.default_rng(0), chunk=1024)
-        assert rb.get_stored_size() == 3000 and rb._nstep.staged == 0
+        assert rb.get_stored_size() == 3000 and rb._writer.staged == 0

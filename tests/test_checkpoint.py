@@ -114,8 +114,8 @@ def assert_same_state(original, copy) -> None:
     assert np.array_equal(copy._store.generations_of(slots), original._store.generations_of(slots))
     if isinstance(original, cpprb_ray.PrioritizedReplayBuffer):
         assert copy.get_max_priority() == original.get_max_priority()
-        header_a = cpprb_ray._store.read_header(original._segment.memory)
-        header_b = cpprb_ray._store.read_header(copy._segment.memory)
+        header_a = cpprb_ray._segment.read_header(original._segment.memory)
+        header_b = cpprb_ray._segment.read_header(copy._segment.memory)
         assert (header_a["alpha"], header_a["eps"]) == (header_b["alpha"], header_b["eps"])
         root_sum, sums, root_min, mins = original._store.check_tree()
         copy_sum, copy_sums, copy_min, copy_mins = copy._store.check_tree()
@@ -207,7 +207,7 @@ def test_nstep_config_is_saved_and_staging_is_not(tmp_path):
     with cpprb_ray.PrioritizedReplayBuffer(32, env, Nstep=spec, seed=2) as rb:
         for step in range(10):
             rb.add(obs=step, rew=1.0, next_obs=step + 1, done=float(step == 6))
-        staged = rb._nstep.staged
+        staged = rb._writer.staged
         assert staged > 0
         rb.save(tmp_path / "rb.ckpt")
         stored = rb.get_stored_size()
@@ -215,7 +215,7 @@ def test_nstep_config_is_saved_and_staging_is_not(tmp_path):
             assert copy.nstep == rb.nstep == {"size": 3, "gamma": 0.5, "rew": ["rew"],
                                               "next": ["next_obs"]}
             assert copy.get_stored_size() == stored      # the staged steps are not in it
-            assert copy._nstep.staged == 0
+            assert copy._writer.staged == 0
             with cpprb_ray.PrioritizedReplayBuffer.attach(rb.name, seed=4) as view:
                 compare_samples(view, copy, True)
                 assert "discounts" in copy.sample(4)

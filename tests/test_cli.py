@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import cpprb_ray
-from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer, _store
+from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer, _segment
 from cpprb_ray.__main__ import main
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cpprb_ray.__file__)))
@@ -181,7 +181,7 @@ def test_reused_pid_is_not_a_live_owner(backend):
     with PrioritizedReplayBuffer(8, {"x": {}}, backend=backend) as rb:
         with open(file_of(backend, rb.name), "rb") as handle:
             data = bytearray(handle.read())
-    header = _store.read_header(data)
+    header = _segment.read_header(data)
     start, length = header["layout_offset"], header["layout_length"]
     document = json.loads(bytes(data[start:start + length]))
     assert document["meta"]["owner_pid"] == os.getpid()
@@ -340,7 +340,7 @@ def test_damaged_header_does_not_break_ls_or_rm():
     every buffer (that one as dead), and `rm NAME` removes it, without a traceback."""
     path = os.path.join("/dev/shm", "cpprb_ray_test_damaged_" + os.urandom(6).hex())
     with open(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600), "wb") as handle:
-        handle.write(_store.MAGIC + b"\xff" * 70000)
+        handle.write(_segment.MAGIC + b"\xff" * 70000)
     try:
         with ReplayBuffer(4, {"x": {}}) as rb:
             rows = ls_rows()                     # asserts a zero exit status
@@ -440,7 +440,7 @@ def test_unreadable_buffer_of_an_owner_in_another_pid_namespace_is_unknown():
     with ReplayBuffer(4, {"x": {}}) as rb:
         with open(file_of("shm", rb.name), "rb") as handle:
             data = bytearray(handle.read())
-    header = _store.read_header(data)
+    header = _segment.read_header(data)
     start, length = header["layout_offset"], header["layout_length"]
     document = json.loads(bytes(data[start:start + length]))
     document["meta"].update(owner_pid=gone.pid, owner_pidns="pid:[1]")
@@ -448,7 +448,7 @@ def test_unreadable_buffer_of_an_owner_in_another_pid_namespace_is_unknown():
     assert len(text) <= length
     data[start:start + length] = text.ljust(length, b" ")
     for field, value in (("version", header["version"] + 1), ("owner_pid", gone.pid)):
-        offset = 8 * (1 + _store._HEADER_FIELDS.index(field))
+        offset = 8 * (1 + _segment.HEADER_FIELDS.index(field))
         data[offset:offset + 8] = int(value).to_bytes(8, sys.byteorder)
     name = "cpprb_ray_test_other_version_" + os.urandom(6).hex()
     path = os.path.join("/dev/shm", name)
@@ -494,9 +494,9 @@ def test_damaged_layout_length_is_not_read_whole(damage):
         with open(file_of("shm", rb.name), "rb") as handle:
             data = bytearray(handle.read())
     fields = {"layout_length": 1 << 40} if damage == "past the data" else {
-        "layout_length": size - _store.LAYOUT_OFFSET, "data_offset": size, "total_size": size}
+        "layout_length": size - _segment.LAYOUT_OFFSET, "data_offset": size, "total_size": size}
     for field, value in fields.items():
-        offset = 8 * (1 + _store._HEADER_FIELDS.index(field))
+        offset = 8 * (1 + _segment.HEADER_FIELDS.index(field))
         data[offset:offset + 8] = int(value).to_bytes(8, sys.byteorder)
     name = "cpprb_ray_test_long_layout_" + os.urandom(6).hex()
     path = os.path.join("/dev/shm", name)

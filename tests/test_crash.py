@@ -322,7 +322,7 @@ def die_holding_the_lock(rb, fields) -> None:
                                            args=(rb.name, fields)))
         children.join(child)
         assert child.exitcode == 0
-    header = cpprb_ray._store.read_header(rb._segment.memory)
+    header = cpprb_ray._segment.read_header(rb._segment.memory)
     for field, value in fields.items():  # the header is laid out as the child assumed
         assert header[field] == value, (field, header[field], value)
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import cpprb_ray
-from cpprb_ray import _core, _store
+from cpprb_ray import _core, _segment
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _ptrace  # noqa: E402
@@ -172,11 +172,11 @@ def snapshot_as_killed(snapshot: bytes, holder: int) -> Tuple[bytes, bool]:
     The kernel walks a dying thread's robust list: a lock word naming it becomes
     FUTEX_OWNER_DIED, keeping FUTEX_WAITERS (futex(2), "robust futexes")."""
     copy = bytearray(snapshot)
-    word, = struct.unpack_from("<I", copy, _store.MUTEX_OFFSET)
+    word, = struct.unpack_from("<I", copy, _segment.MUTEX_OFFSET)
     if word & FUTEX_TID_MASK != holder:
         assert word & FUTEX_TID_MASK == 0, f"the lock names thread {word & FUTEX_TID_MASK}"
         return bytes(copy), False
-    struct.pack_into("<I", copy, _store.MUTEX_OFFSET, (word & FUTEX_WAITERS) | FUTEX_OWNER_DIED)
+    struct.pack_into("<I", copy, _segment.MUTEX_OFFSET, (word & FUTEX_WAITERS) | FUTEX_OWNER_DIED)
     return bytes(copy), True
 
 

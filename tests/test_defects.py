@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 import cpprb_ray
-from cpprb_ray import _store
+from cpprb_ray import _segment
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
@@ -138,7 +138,7 @@ def test_fork_while_another_thread_is_inside_a_call():
 
 
 def tree_offset_and_padding(rb) -> tuple:
-    header = _store.read_header(rb._segment.memory)
+    header = _segment.read_header(rb._segment.memory)
     return header["tree_offset"], header["capacity"]
 
 
@@ -155,7 +155,7 @@ def test_a_corrupt_padding_leaf_never_becomes_a_sampled_index(backend):
         # ... and a tree whose inner sums include it, as the old repair's rebuild made it:
         # capacity 10 -> 16 leaf doubles, level 1 (2 nodes, padded to 8) at 16, the root at 24.
         levels = np.frombuffer(memory, dtype=np.float64, offset=tree_offset,
-                               count=_store.tree_nbytes(capacity) // 8)
+                               count=_segment.tree_nbytes(capacity) // 8)
         levels[16 + 1] += 1e6
         levels[24] += 1e6
         with pytest.raises(ValueError, match="corrupt"):
@@ -207,8 +207,8 @@ def test_header_fields_out_of_range_are_refused_not_used():
     with cpprb_ray.PrioritizedReplayBuffer(16, ENV, backend="mmap") as rb:
         rb.add(obs=np.ones((4, 4)), rew=np.zeros(4))
         header = np.frombuffer(rb._segment.memory, dtype=np.uint64,
-                               count=_store.HEADER_NBYTES // 8)
-        field = 1 + _store._HEADER_FIELDS.index("stored_size")
+                               count=_segment.HEADER_NBYTES // 8)
+        field = 1 + _segment.HEADER_FIELDS.index("stored_size")
         header[field] = 2**40
         with pytest.raises(ValueError, match="corrupt"):
             rb.sample(8)
@@ -225,13 +225,13 @@ def test_a_flipped_lock_word_is_a_timeout_not_a_hang():
     with cpprb_ray.PrioritizedReplayBuffer(16, ENV, backend="mmap", lock_timeout=0.5) as rb:
         rb.add(obs=np.ones(4), rew=0.0)
         memory = rb._segment.memory
-        good, = struct.unpack_from("<I", memory, _store.MUTEX_OFFSET)
-        struct.pack_into("<I", memory, _store.MUTEX_OFFSET, 0x80000000)
+        good, = struct.unpack_from("<I", memory, _segment.MUTEX_OFFSET)
+        struct.pack_into("<I", memory, _segment.MUTEX_OFFSET, 0x80000000)
         start = time.monotonic()
         with pytest.raises(TimeoutError, match="lock was not released within 0.5 s"):
             rb.sample(4)
         assert time.monotonic() - start < 5
-        struct.pack_into("<I", memory, _store.MUTEX_OFFSET, good)
+        struct.pack_into("<I", memory, _segment.MUTEX_OFFSET, good)
         assert rb.sample(4)["indexes"].shape == (4,)
 
 
@@ -317,7 +317,7 @@ def test_a_nan_in_the_tree_is_reported_as_corrupt():
         rb.add(obs=np.ones((4, 4)), rew=np.zeros(4))
         tree_offset, capacity = tree_offset_and_padding(rb)
         levels = np.frombuffer(rb._segment.memory, dtype=np.float64, offset=tree_offset,
-                               count=_store.tree_nbytes(capacity) // 8)
+                               count=_segment.tree_nbytes(capacity) // 8)
         levels[24] = np.nan   # the root: 16 leaves, level 1 padded to 8 at 16, root at 24
         del levels
         with pytest.raises(ValueError, match="not a finite number: the segment is corrupt"):

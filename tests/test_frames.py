@@ -58,7 +58,7 @@ def test_two_streams_wrap_around_and_come_back_exact(cls, backend):
                 add(handle, source.transitions(int(random.integers(1, 4))), random)
             if round_ % 20 == 19:
                 checked += streams.check(rb.sample(64))
-        assert {rb._lanes.lane, view._lanes.lane} == {0, 1}
+        assert {rb._writer.lane, view._writer.lane} == {0, 1}
         everything = rb.get_all_transitions()
         streams.check(everything)
         stored = rb.get_stored_size()
@@ -183,7 +183,7 @@ def test_sample_out_and_pickle_round_trip():
         streams.check(again)
         with pickle.loads(pickle.dumps(rb)) as view:
             view.add(**streams.Stream(1, 6).transitions(3))
-            assert {view._lanes.lane, rb._lanes.lane} == {0, 1}   # a handle of its own
+            assert {view._writer.lane, rb._writer.lane} == {0, 1}   # a handle of its own
             streams.check(rb.get_all_transitions())
             assert rb.get_stored_size() == 8
 
@@ -278,7 +278,7 @@ def test_ray_actors_add_episodes(request):
         def run(self, count):
             for _ in range(count):   # episodes of random length, 2 steps per add
                 self.rb.add(**self.source.transitions(2))
-            return self.rb._lanes.lane
+            return self.rb._writer.lane
 
         def close(self):
             self.rb.close()
@@ -471,7 +471,7 @@ def test_next_of_and_stack_compress_take_a_list_of_names_only(cls):
         with pytest.raises(ValueError, match="next_obs.*derives"):
             cls(64, env, **options)
     with cls(64, streams.ENV, next_of=("obs",), stack_compress=["obs"]) as rb:
-        assert rb._lanes is not None and "next_obs" in rb.get_all_transitions()
+        assert type(rb._writer).__name__ == "LaneWriter" and "next_obs" in rb.get_all_transitions()
 
 
 @pytest.mark.parametrize("cls", CLASSES)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import cpprb_ray
-from cpprb_ray import _store
+from cpprb_ray import _segment
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
@@ -106,15 +106,15 @@ def test_a_search_steered_into_a_padding_node_stays_inside_the_tree():
     stays on live nodes and the sample reports the corruption."""
     run_guarded("""
         import numpy as np, cpprb_ray
-        from cpprb_ray import _store
+        from cpprb_ray import _segment
         from fuzz_segment import tree_levels
         for capacity in (9, 65, 513, 4097):
             rb = cpprb_ray.PrioritizedReplayBuffer(capacity, {"obs": {}}, backend="mmap")
             rb.add(obs=np.ones(capacity))
-            header = _store.read_header(rb._segment.memory)
+            header = _segment.read_header(rb._segment.memory)
             levels, _ = tree_levels(capacity)
             tree = np.frombuffer(rb._segment.memory, np.float64, offset=header["tree_offset"],
-                                 count=_store.tree_nbytes(capacity) // 8)
+                                 count=_segment.tree_nbytes(capacity) // 8)
             offset, live, padded = levels[-2]
             tree[offset + padded - 1] = 1e12          # the root's last child: padding
             tree[levels[-1][0]] = 1e12 + capacity     # the root counts it
@@ -188,12 +188,12 @@ def test_a_capacity_changed_after_attach_does_not_widen_the_checks():
     rows' worth of records (SIGSEGV)."""
     run_guarded(f"""
         import numpy as np, cpprb_ray
-        from cpprb_ray import _store
+        from cpprb_ray import _segment
         for kind in (cpprb_ray.ReplayBuffer, cpprb_ray.PrioritizedReplayBuffer):
             rb = kind(16, {ENV!r}, backend="mmap")
             rb.add(obs=np.ones((4, 4)), rew=np.zeros(4))
-            header = np.frombuffer(rb._segment.memory, np.uint64, count=_store.HEADER_NBYTES // 8)
-            field = lambda name: 1 + _store._HEADER_FIELDS.index(name)
+            header = np.frombuffer(rb._segment.memory, np.uint64, count=_segment.HEADER_NBYTES // 8)
+            field = lambda name: 1 + _segment.HEADER_FIELDS.index(name)
             header[field("capacity")] = 2**62
             header[field("stored_size")] = 2**40
             header[field("next_index")] = 2**39
@@ -220,7 +220,7 @@ def test_sizes_no_writer_leaves_read_as_corrupt_not_as_overflow(field, value):
     get_all_transitions tried to allocate that many rows."""
     with cpprb_ray.ReplayBuffer(16, ENV, backend="mmap") as rb:
         rb.add(obs=np.ones((4, 4)), rew=np.zeros(4))
-        offset = 8 * (1 + _store._HEADER_FIELDS.index(field))
+        offset = 8 * (1 + _segment.HEADER_FIELDS.index(field))
         good, = struct.unpack_from("<Q", rb._segment.memory, offset)
         struct.pack_into("<Q", rb._segment.memory, offset, value)
         getter = rb.get_stored_size if field == "stored_size" else rb.get_next_index
@@ -236,12 +236,12 @@ def test_layout_json_nested_thousands_deep_is_refused_as_corrupt():
     """json.loads raised RecursionError (not the ValueError attach promises), and the owner's
     close() raised it too while checking the segment's token before unlinking."""
     rb = cpprb_ray.ReplayBuffer(16, ENV, backend="mmap")
-    header = _store.read_header(rb._segment.memory)
+    header = _segment.read_header(rb._segment.memory)
     room = header["data_offset"] - header["layout_offset"]
     nested = b"[" * (room // 2) + b"]" * (room // 2)
     rb._segment.memory[header["layout_offset"]:header["layout_offset"] + len(nested)] = nested
     struct.pack_into("<Q", rb._segment.memory,
-                     8 * (1 + _store._HEADER_FIELDS.index("layout_length")), len(nested))
+                     8 * (1 + _segment.HEADER_FIELDS.index("layout_length")), len(nested))
     with pytest.raises(ValueError, match="not a valid cpprb_ray buffer: unreadable layout"):
         cpprb_ray.attach(rb.name)
     location = rb.name

@@ -46,7 +46,7 @@ def add_steps(rb, rewards, done_last, first=0):
 def test_terminated_episode_by_hand(backend):
     with ReplayBuffer(32, SIMPLE_ENV, backend=backend, Nstep=nstep_spec(3, 0.5)) as rb:
         add_steps(rb, [1.0, 2.0, 4.0, 8.0, 16.0], done_last=True)
-        assert rb._nstep.staged == 0   # done=1 committed everything at once
+        assert rb._writer.staged == 0   # done=1 committed everything at once
         rows = simple_rows(rb)
     assert rows["obs"] == [0, 1, 2, 3, 4]
     assert rows["rew"] == [1 + 1 + 1, 2 + 2 + 2, 4 + 4 + 4, 8 + 8, 16]
@@ -59,9 +59,9 @@ def test_terminated_episode_by_hand(backend):
 def test_truncated_episode_by_hand(backend):
     with ReplayBuffer(32, SIMPLE_ENV, backend=backend, Nstep=nstep_spec(3, 0.5)) as rb:
         add_steps(rb, [1.0, 2.0, 4.0, 8.0, 16.0], done_last=False)
-        assert rb.get_stored_size() == 3 and rb._nstep.staged == 2
+        assert rb.get_stored_size() == 3 and rb._writer.staged == 2
         rb.on_episode_end()
-        assert rb._nstep.staged == 0
+        assert rb._writer.staged == 0
         rows = simple_rows(rb)
     assert rows["rew"] == [3, 6, 12, 16, 16]
     assert rows["next_obs"] == [3, 4, 5, 5, 5]   # the last next state, for every short window
@@ -138,7 +138,7 @@ def test_one_by_one_adds_match_the_reference(size, gamma):
     episodes = episodes_of_every_kind()
     with PrioritizedReplayBuffer(256, ENV, Nstep=nstep_spec(size, gamma)) as rb:
         feed(rb, episodes, [[1] * len(e) for e in episodes], [False] * len(episodes))
-        assert rb._nstep.staged == 0
+        assert rb._writer.staged == 0
         rows = rb.get_all_transitions()
     assert_rows_match(rows, ref.reference_rows(episodes, size, gamma))
 
@@ -159,19 +159,22 @@ def test_batched_adds_give_the_rows_of_one_by_one_adds(seed):
 
 
 def test_a_batch_spanning_episodes_commits_in_one_store_add():
-    class Counting(ReplayBuffer):
-        def _commit_rows(self, rows, priorities, timeout=None):
-            self.commits.append(rows["discounts"].shape[0])
-            return super()._commit_rows(rows, priorities, timeout)
-
     # Three episodes in one batch (terminated, terminated, open): one commit of 2 + 3 + 1 rows.
     first, second, third = ref.stream(0, [2, 3, 4], [True, True, False], seed=1)
     steps = [e.steps() for e in (first, second, third)]
     batch = {key: np.concatenate([s[key] for s in steps]) for key in steps[0]}
-    with Counting(64, ENV, Nstep=nstep_spec(3, 0.5)) as rb:
+    with ReplayBuffer(64, ENV, Nstep=nstep_spec(3, 0.5)) as rb:
         rb.commits = []
+        sink = rb._writer._sink     # the N-step writer's sink into the ring: one commit a call
+        commit = sink.commit
+
+        def counting(rows, priorities, weights, timeout=None):
+            rb.commits.append(rows["discounts"].shape[0])
+            return commit(rows, priorities, weights, timeout)
+
+        sink.commit = counting
         assert rb.add(**batch) == 0
-        assert rb.commits == [2 + 3 + 2] and rb._nstep.staged == 2
+        assert rb.commits == [2 + 3 + 2] and rb._writer.staged == 2
         rb.on_episode_end()
         assert rb.commits == [7, 2]
         rows = rb.get_all_transitions()
@@ -249,7 +252,7 @@ def test_bad_priorities_leave_buffer_and_staging_unchanged():
             rb.add(priorities=[1.0, np.nan], **{k: v[1:] for k, v in steps.items()})
         with pytest.raises(ValueError, match="priorities must have 2 entries"):
             rb.add(priorities=[1.0], **{k: v[1:] for k, v in steps.items()})
-        assert rb.get_stored_size() == 0 and rb._nstep.staged == 1
+        assert rb.get_stored_size() == 0 and rb._writer.staged == 1
         rb.add(**{k: v[1:] for k, v in steps.items()})
         rb.on_episode_end()
         rows = rb.get_all_transitions()
@@ -266,7 +269,7 @@ def test_a_bad_priority_of_a_single_step_leaves_the_lane_unchanged():
             for _ in range(bad_adds):
                 with pytest.raises(ValueError, match="priorities must be finite and >= 0"):
                     rb.add(obs=10, rew=1.0, next_obs=11, done=0.0, priorities=-1.0)
-                assert rb._nstep.staged == 1
+                assert rb._writer.staged == 1
             slots += [rb.add(obs=t, rew=1.0, next_obs=t + 1, done=float(t == 13),
                              priorities=1.0) for t in range(10, 14)]
             return slots, rb.get_stored_size(), simple_rows(rb)
@@ -282,11 +285,11 @@ def test_bad_timeouts_are_refused_when_nothing_would_be_committed(timeout, error
             rb.add(obs=0, rew=1.0, next_obs=1, done=0.0, timeout=timeout)   # would be staged
         with pytest.raises(error, match="timeout must be None or a number of seconds"):
             rb.on_episode_end(timeout=timeout)                             # nothing staged
-        assert rb._nstep.staged == 0 and rb.get_stored_size() == 0
+        assert rb._writer.staged == 0 and rb.get_stored_size() == 0
         rb.add(obs=0, rew=1.0, next_obs=1, done=0.0)
         with pytest.raises(error, match="timeout must be None or a number of seconds"):
             rb.add(obs=1, rew=1.0, next_obs=2, done=0.0, timeout=timeout)
-        assert rb._nstep.staged == 1 and rb.get_stored_size() == 0
+        assert rb._writer.staged == 1 and rb.get_stored_size() == 0
 
 
 # -- lifetime: close, clear, views, fork -----------------------------------------------------
@@ -321,7 +324,7 @@ def test_clear_drops_the_staged_steps():
     with ReplayBuffer(32, SIMPLE_ENV, Nstep=nstep_spec(3, 0.5)) as rb:
         add_steps(rb, [1.0, 2.0, 4.0], done_last=False)
         rb.clear()
-        assert rb._nstep.staged == 0 and rb.get_stored_size() == 0
+        assert rb._writer.staged == 0 and rb.get_stored_size() == 0
         add_steps(rb, [1.0], done_last=False, first=10)
         rb.on_episode_end()
         assert simple_rows(rb)["obs"] == [10]
@@ -335,9 +338,9 @@ def test_views_have_the_config_and_their_own_empty_staging(backend):
             with view:
                 assert view.nstep == spec
                 assert sorted(view.env_dict) == sorted(SIMPLE_ENV)
-                assert view._nstep.staged == 0
+                assert view._writer.staged == 0
                 add_steps(view, [100.0], done_last=True, first=50)
-        assert rb._nstep.staged == 2
+        assert rb._writer.staged == 2
         rb.on_episode_end()
         rows = simple_rows(rb)
     # Each view's one-step episode, then the owner's two steps: no stream mixed into another.
@@ -363,7 +366,7 @@ def test_the_nstep_record_in_the_segment_is_validated(tmp_path):
 def fork_child_adds(rb, conn):
     # The inherited handle's staging held the parent's 2 steps; the child must not commit them.
     try:
-        conn.send(("staged", rb._nstep.staged))
+        conn.send(("staged", rb._writer.staged))
         add_steps(rb, [7.0], done_last=False, first=70)
         rb.on_episode_end()
         conn.send(("done", None))
@@ -524,7 +527,7 @@ def test_bad_adds_leave_buffer_and_staging_unchanged():
             rb.add(obs=[], rew=[], next_obs=[], done=[])
         with pytest.raises(ValueError, match=r"unknown \['priorities'\]"):
             rb.add(obs=1, rew=1, next_obs=2, done=0, priorities=1.0)
-        assert rb._nstep.staged == 1 and rb.get_stored_size() == 0
+        assert rb._writer.staged == 1 and rb.get_stored_size() == 0
         rb.add(obs=1, rew=1, next_obs=2, done=1)
         assert simple_rows(rb)["rew"] == pytest.approx([1.9, 1.0])
 
@@ -635,7 +638,7 @@ def test_single_steps_the_fast_path_declines_are_refused_as_add_refuses(bad, err
         rb.add(**step)
         with pytest.raises(error, match=message):
             rb.add(**dict(step, **bad))
-        assert rb._nstep.staged == 1 and rb.get_stored_size() == 0
+        assert rb._writer.staged == 1 and rb.get_stored_size() == 0
 
 
 def test_a_batch_larger_than_the_staging_then_single_steps():
@@ -645,12 +648,12 @@ def test_a_batch_larger_than_the_staging_then_single_steps():
     splits = [[5000], [1] * 40, [2, 1, 1, 1]]
     with PrioritizedReplayBuffer(8192, ENV, Nstep=nstep_spec(4, 0.97)) as rb:
         feed(rb, episodes[:1], splits[:1], [False])
-        assert rb._nstep._capacity == rb._nstep._base_capacity
+        assert rb._writer._staging._capacity == rb._writer._staging._base_capacity
         long_open = ref.stream(10000, [300], [False], seed=5)[0]
         steps = long_open.steps()
         rb.add(**{k: v for k, v in steps.items()})      # stays open: 3 staged
-        assert rb._nstep.staged == 3
-        assert rb._nstep._capacity > rb._nstep._base_capacity
+        assert rb._writer.staged == 3
+        assert rb._writer._staging._capacity > rb._writer._staging._base_capacity
         tail_steps = Episode(10300, [0.5] * 10, False).steps()
         for t in range(10):
             rb.add(**{k: v[t] for k, v in tail_steps.items()})

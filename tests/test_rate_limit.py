@@ -706,23 +706,24 @@ def test_an_nstep_completion_that_loses_its_room_to_another_writer_keeps_the_sta
     # another writer takes the room. The completion is held back: TimeoutError, the staging as
     # before the call, and the steps written stay in the lane as rows that never complete;
     # the same steps given again go in exact, and no row of either writer is lost. The other
-    # writer's add runs at that point through the handle's own completion method (the one
-    # place the interleaving can be made deterministic); everything else is the real buffer.
+    # writer's add runs at that point through the N-step sink's completion (the one place the
+    # interleaving can be made deterministic); everything else is the real buffer.
     limiter = SampleToInsertRatio(1.0, 1, (-1.0, 10.0))
     with ReplayBuffer(64, ENV, Nstep=NSTEP, rate_limiter=limiter, lanes=2) as rb, \
             ReplayBuffer.attach(rb.name) as other:
         rb.add(**batch_of(6), timeout=0)                    # rows 0..3, steps 4 and 5 staged
         other.add(**batch_of(6, 100), timeout=0)           # rows 100..103: 8 inserts
-        complete = rb._complete_rows
+        sink = rb._writer._sink      # the N-step writer's sink into its lane
+        complete = sink.complete
 
         def racing(*args, **kwargs):
             other.add(**batch_of(1, 106), timeout=0)       # row 104: 9 inserts, 2 too many
             return complete(*args, **kwargs)
 
-        rb._complete_rows = racing
+        sink.complete = racing
         with pytest.raises(TimeoutError, match="add of 2 rows held back"):
             rb.add(**batch_of(2, 6), timeout=0)
-        del rb._complete_rows
+        del sink.complete
         assert rb.stats()["inserts"] == 9 and rb.stats()["nstep_staged"] == 2
         assert sorted(rb.get_all_transitions()["act"].ravel().tolist()) == [
             0, 1, 2, 3, 100, 101, 102, 103, 104]

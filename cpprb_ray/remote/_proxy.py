@@ -7,7 +7,7 @@ dead; a new proxy refuses a dead owner's segment.
 
 Examples
 --------
->>> from cpprb_ray import _proxy
+>>> from cpprb_ray.remote import _proxy
 >>> _proxy.WATCH_SECONDS
 0.5
 """
@@ -21,32 +21,49 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from cpprb_ray import _layout, _orphans, buffer
+from cpprb_ray import _layout, _open, _orphans, _parts, frames
 
 WATCH_SECONDS = 0.5            # how often a proxy checks its owner and segment
 
 
 class Proxy:
-    """The buffer's proxy: a view of the segment on the owner's node, serving remote handles.
+    """The buffer's proxy: its segment opened on the owner's node (as a handle opens one,
+    :mod:`cpprb_ray._open`), serving remote handles.
 
     Exits by itself (os._exit) once the segment at the name is no longer this buffer (the
     owner closed it) or the owner process is dead.
     """
 
     def __init__(self, backend: str, location: str, token: Optional[str]) -> None:
-        self._view = buffer._open_view(buffer.ReplayBuffer, backend, location, None,
-                                       token=token)
-        self._store = self._view._store
+        self._segment, self._layout = _open.open_segment(backend, location, token)
+        try:
+            layout = self._layout
+            self._store = _open.open_store(self._segment, layout,
+                                           prioritized=layout.prioritized)
+        except BaseException:
+            self._segment.close()
+            raise
+        # The proxy stages nothing (a remote handle's N-step staging is its own): its parts
+        # are the buffer's writer and sampler without N-step.
+        lanes = frames.LaneConfig.from_meta(layout.meta, layout.columns, location)
+        self._writer, self._sampler = _parts.choose(self._store, layout, location, lanes, None,
+                                                    layout.prioritized)
+        self._image = _parts.image_of(self._store)
         self._backend, self._location, self._token = backend, location, token
-        self._meta = dict(self._view._layout.meta)
+        self._meta = dict(layout.meta)
         if self._owner_dead():
-            self._view.close()
+            self._close()
             raise FileNotFoundError(f"buffer {location!r}: its owner (pid "
                                     f"{self._meta.get('owner_pid')}) is dead; the segment is an "
                                     f"orphan (python -m cpprb_ray rm --orphans)")
         watchdog = threading.Thread(target=self._watch, name="cpprb_ray-proxy-watchdog",
                                     daemon=True)
         watchdog.start()
+
+    def _close(self) -> None:
+        self._writer.close()
+        self._store.release()
+        self._segment.close()
 
     def _watch(self) -> None:
         while True:
@@ -75,22 +92,22 @@ class Proxy:
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
 
     def add(self, arrays: List[np.ndarray], priorities: Optional[np.ndarray],
-            runs: List[Tuple[int, int, bool]], timeout: Optional[float]) -> Tuple[int, int]:
-        """Store the runs of rows in order, one store add each: (first slot, rows)."""
-        first = -1
-        for start, stop, given in runs:
-            slot = self._store.add([array[start:stop] for array in arrays],
-                                   priorities[start:stop] if given and priorities is not None
-                                   else None, timeout)
-            if first < 0:
-                first = int(slot)
-        return first, int(runs[-1][1]) if runs else 0
+            timeout: Optional[float]) -> Tuple[int, int]:
+        """Store a remote handle's batch as ONE store add, so that it goes in whole or not at
+        all: (first slot, rows). A NaN priority is a row that came without one (it gets the
+        largest priority seen, under the lock, as every add's do)."""
+        weights = None
+        if priorities is not None:
+            priorities = np.ascontiguousarray(priorities, dtype=np.float64)
+            weights = self._store.weights_of(priorities, "priorities", missing=True)
+        slot = self._store.add(list(arrays), priorities, timeout, weights)
+        return int(slot), int(arrays[0].shape[0]) if arrays else 0
 
     def sample(self, batch: int, beta: float, timeout: Optional[float]) -> Dict[str, Any]:
-        return self._store.sample(batch, beta, None, timeout)
+        return self._sampler.sample(batch, beta, None, timeout)
 
     def update(self, indexes: Any, priorities: Any, generations: Any) -> int:
-        return int(self._store.update(indexes, priorities, generations))
+        return int(self._sampler.update(indexes, priorities, generations))
 
     def counters(self) -> Dict[str, Any]:
         return self._store.counters()
@@ -105,17 +122,11 @@ class Proxy:
     def clear(self) -> None:
         self._store.clear()
 
-    def snapshot(self, room: int) -> Tuple[int, List[np.ndarray], np.ndarray, np.ndarray]:
-        room = min(room, int(self._store.stored_size))
-        columns = self._view._layout.columns
-        outputs = [np.empty((room,) + c.shape, dtype=c.dtype) for c in columns]
-        indexes = np.empty(room, dtype=np.int64)
-        leaves = np.empty(room, dtype=np.float64)
-        copied = self._store.snapshot(outputs, indexes, leaves)
-        return int(copied), outputs, indexes, leaves
+    def all_rows(self, room: int) -> Dict[str, np.ndarray]:
+        return self._sampler.all_rows(min(room, int(self._store.stored_size)))
 
     def dump(self) -> Any:
-        return self._store.dump()
+        return self._image.dump()
 
 
 _proxy_classes: Dict[int, Any] = {}
@@ -126,7 +137,7 @@ def proxy_class(ray: Any) -> Any:
 
     Examples
     --------
-    >>> from cpprb_ray import _proxy
+    >>> from cpprb_ray.remote import _proxy
     >>> callable(_proxy.proxy_class)
     True
     """

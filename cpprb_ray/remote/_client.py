@@ -1,9 +1,10 @@
 """The client side of a remote handle: RemoteStore, ReplayStore's methods served by the buffer's
-proxy actor (:mod:`cpprb_ray._proxy`), with the adds batched here. See :mod:`cpprb_ray.remote`.
+proxy actor (:mod:`cpprb_ray.remote._proxy`), with the adds batched here. See
+:mod:`cpprb_ray.remote`.
 
 Examples
 --------
->>> from cpprb_ray import _client
+>>> from cpprb_ray.remote import _client
 >>> _client.proxy_name("shm", "cpprb_ray_0123", "ab12")
 'cpprb_ray:shm:cpprb_ray_0123:ab12'
 """
@@ -20,7 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from cpprb_ray import _rules, nstep
+from cpprb_ray import _rules
+from cpprb_ray._outputs import SampleOutputs
 
 NAMESPACE = "cpprb_ray"        # the proxy actors' Ray namespace, whatever the job's
 PING_SECONDS = 1.0             # how often a waiting call checks that its actor is alive
@@ -107,6 +109,8 @@ class RemoteStore:
         self.prioritized = bool(state["prioritized"])
         self.capacity = int(state["capacity"])
         self._columns = [c for c in columns]
+        self._outputs = SampleOutputs([c.name for c in columns], [c.shape for c in columns],
+                                      [c.dtype for c in columns], weights=self.prioritized)
         self._limited = bool(state["limited"])
         self._alpha, self._eps = float(state["alpha"]), float(state["eps"])
         self._row_bytes = sum(c.row_bytes for c in columns)
@@ -137,7 +141,7 @@ class RemoteStore:
         ray = self._ray_or_fail()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from cpprb_ray import _proxy
+        from cpprb_ray.remote import _proxy
 
         self._actor = _proxy.proxy_class(ray).options(
             name=proxy_name(self.backend, self.location, self.token), namespace=NAMESPACE,
@@ -200,18 +204,29 @@ class RemoteStore:
         values = np.ascontiguousarray(priorities, dtype=np.float64).reshape(-1)
         _rules.check_priorities(values, self._alpha, self._eps, self.capacity, name)
 
-    def _stage(self, values: Union[Sequence[Any], Dict[str, Any]],
-               priorities: Any) -> Tuple[List[np.ndarray], int, Optional[np.ndarray]]:
+    def weights_of(self, priorities: Any, name: str = "priorities") -> np.ndarray:
+        """ReplayStore.weights_of: checked here; the owner's store weighs what it receives
+        (NaN: a row without a priority), so the weights are only a placeholder."""
+        self.check_priorities(priorities, name)
+        return np.full(len(priorities), np.nan)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _stage(self, values: Union[Sequence[Any], Dict[str, Any]], priorities: Any,
+               checked: bool = False) -> Tuple[List[np.ndarray], int, Optional[np.ndarray]]:
         # `values`, as the local store takes them: a dict of exactly the columns (a handle's
-        # add), or a list in column order (staged N-step rows).
+        # add), or a list in column order (staged N-step rows, whose priorities were `checked`
+        # when they were staged, a NaN for a step without one).
         if not isinstance(values, dict):
             values = dict(zip((c.name for c in self._columns), values))
-        arrays, count = nstep.cast_steps(self._columns, values)
+        arrays, count = _rules.stage_rows(self._columns, values)
         if priorities is not None:
-            if not self.prioritized:
-                raise TypeError("priorities are only for a PrioritizedReplayBuffer")
+            _rules.check_priorities_allowed(self.prioritized)
             priorities = _rules.real_vector(priorities, count, "priorities")
-            self.check_priorities(priorities, "priorities")
+            if not checked:
+                self.check_priorities(priorities, "priorities")
         return arrays, count, priorities
 
     def _check_open(self) -> None:
@@ -225,22 +240,23 @@ class RemoteStore:
     # -- add and the queue --------------------------------------------------------------------
 
     def add(self, values: Union[Sequence[Any], Dict[str, Any]], priorities: Any = None,
-            timeout: Optional[float] = None) -> Optional[int]:
+            timeout: Optional[float] = None, weights: Any = None) -> Optional[int]:
         """Queue one transition or a batch (checked here, as add checks); with a rate limiter,
-        send it at once and wait for it. Returns None, or with a limiter the first slot."""
+        send it at once and wait for it. Returns None, or with a limiter the first slot.
+        `weights` (ReplayStore.add's, with priorities that an N-step staging checked): the
+        owner's store weighs the priorities again; a NaN priority is a row without one."""
         seconds = _rules.as_timeout(timeout)
         if self._limited:
             # Sent at once, and waited for WITHOUT the queue's lock: a sampler thread of this
             # process may be what the limiter waits for.
             self._check_open()
-            arrays, count, priorities = self._stage(values, priorities)
+            arrays, count, priorities = self._stage(values, priorities, weights is not None)
             wait = None if seconds < 0 else seconds   # as_timeout: -1 for None
-            first, _ = self._call("add", arrays, priorities,
-                                  [(0, count, priorities is not None)], wait, waits=True)
+            first, _ = self._call("add", arrays, priorities, wait, waits=True)
             return int(first)
         with self._lock:
             self._check_open()
-            arrays, count, priorities = self._stage(values, priorities)
+            arrays, count, priorities = self._stage(values, priorities, weights is not None)
             self._enqueue(arrays, count, priorities)
             if (self._queued >= _settings["flush_rows"]
                     or self._queued * self._row_bytes >= _settings["flush_bytes"]):
@@ -276,25 +292,22 @@ class RemoteStore:
         self._queued = need
 
     def _flush_locked(self, timeout: Optional[float]) -> int:
-        """Send the queue as ONE call (runs of rows with and without priorities, in order)."""
+        """Send the queue as ONE call, which the proxy adds as ONE store add (a NaN priority:
+        a row that came without one)."""
         count = self._queued
         if not count:
             return 0
         assert self._queue is not None and self._queue_priorities is not None
-        given = ~np.isnan(self._queue_priorities[:count])
-        # Runs of rows that came with / without priorities, as the adds gave them.
-        edges = np.flatnonzero(given[1:] != given[:-1]) + 1
-        starts = [0] + edges.tolist()
-        stops = edges.tolist() + [count]
-        runs = [(start, stop, bool(given[start])) for start, stop in zip(starts, stops)]
         arrays = [queue[:count] for queue in self._queue]
-        priorities = self._queue_priorities[:count] if given.any() else None
+        priorities = self._queue_priorities[:count]
+        if np.isnan(priorities).all():
+            priorities = None
         # The queue is handed over (Ray serializes it before .remote returns); the next add
         # starts a new one, and a failed flush drops these rows, as the docs say.
         self._queue = None
         self._queue_priorities = None
         self._queued = 0
-        self._call("add", arrays, priorities, runs, timeout)
+        self._call("add", arrays, priorities, timeout)
         return count
 
     def flush(self, timeout: Optional[float] = None) -> int:
@@ -334,15 +347,14 @@ class RemoteStore:
                timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
         seconds = _rules.as_timeout(timeout)
         wait = None if seconds < 0 else seconds   # as_timeout: -1 for None
-        if out is not None:
-            _check_out(out, self._columns, batch)
+        arrays = None if out is None else self._outputs.out_arrays(out, batch)
         result = self._flushed_call("sample", batch, beta, wait, waits=self._limited)
-        if out is None:
+        if arrays is None:
             # Arrays from the object store are read-only views of it; a sample is the caller's.
             return {key: np.array(value) for key, value in result.items()}
-        for key, value in result.items():
-            np.copyto(out[key], value)
-        return {key: out[key] for key in result}
+        for array, key in zip(arrays, self._outputs.names):
+            np.copyto(array, result[key])
+        return dict(zip(self._outputs.names, arrays))
 
     def update(self, indexes: Any, priorities: Any, generations: Any = None) -> int:
         return int(self._flushed_call("update", indexes, priorities, generations))
@@ -375,11 +387,13 @@ class RemoteStore:
 
     def snapshot(self, outputs: Sequence[np.ndarray], indexes: np.ndarray,
                  leaves: np.ndarray) -> int:
-        copied, rows, row_indexes, row_leaves = self._flushed_call("snapshot", len(indexes))
-        for output, column in zip(outputs, rows):
-            output[:copied] = column[:copied]
-        indexes[:copied] = row_indexes[:copied]
-        leaves[:copied] = row_leaves[:copied]
+        """ReplayStore.snapshot's rows (the proxy's all_rows); `indexes` and `leaves` are not
+        filled (nothing on this side reads them)."""
+        rows = self._flushed_call("all_rows", len(indexes))
+        copied = 0
+        for output, column in zip(outputs, self._columns):
+            copied = len(rows[column.name])
+            output[:copied] = rows[column.name]
         return int(copied)
 
     def dump(self) -> Any:
@@ -424,23 +438,3 @@ def _gist(message: str) -> str:
     if not lines:
         return ""
     return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-
-
-def _check_out(out: Any, columns: Sequence[Any], batch: int) -> None:
-    """ValueError unless `out` has every key of a sample, each of the right shape and dtype."""
-    if not isinstance(out, dict):
-        raise TypeError(f"out must be a dict of arrays (e.g. an earlier sample); got "
-                        f"{type(out).__name__}")
-    wanted = {c.name: ((batch,) + c.shape, c.dtype) for c in columns}
-    wanted.update({"indexes": ((batch,), np.dtype(np.int64)),
-                   "weights": ((batch,), np.dtype(np.float32)),
-                   "generations": ((batch,), np.dtype(np.uint64))})
-    for key, (shape, dtype) in wanted.items():
-        array = out.get(key)
-        if not isinstance(array, np.ndarray):
-            raise ValueError(f"out[{key!r}] must be a writable {dtype} array of shape {shape}; "
-                             f"got {type(array).__name__}")
-        if array.shape != shape or array.dtype != dtype or not array.flags.writeable:
-            raise ValueError(f"out[{key!r}] must be a writable {dtype} array of shape {shape}; "
-                             f"got a{'' if array.flags.writeable else ' read-only'} "
-                             f"{array.dtype} array of shape {array.shape}")

@@ -1,43 +1,12 @@
-"""Handles on other nodes of a Ray cluster: clients of one proxy actor on the owner's node.
-
-A handle unpickled in a process that can see its segment attaches to it in place (buffer.py).
-One unpickled on a Ray node that cannot (another host, or a node in its own mount namespace)
-becomes a *remote handle* of the same class and API, whose store is a ``RemoteStore``
-(:mod:`cpprb_ray._client`): a client of the buffer's proxy actor (:mod:`cpprb_ray._proxy`),
-which holds a view of the segment on the owner's node.
-
-- **The proxy actor.** One per buffer, named after it (:func:`proxy_name`: backend, name and
-  identity token) in the ``"cpprb_ray"`` namespace; started on demand by the first remote
-  handle that needs it (``get_if_exists``), pinned to the owner's node (hard node affinity),
-  ``num_cpus=0``, threaded (a rate-limited call that waits does not hold up the others),
-  detached, and gone when the owner closes (the owner's close kills it) or dies, or the segment
-  is removed (a watchdog in the actor checks twice a second and exits).
-- **Adds are batched.** Without a rate limiter, a remote handle validates each add at once (the
-  same rules and messages as ``add``) and copies its rows into a local queue, sent as ONE Ray
-  call when it holds ``flush_rows`` rows or ``flush_bytes`` bytes, when its oldest row is
-  ``flush_seconds`` old (a background thread), before every other call (sample, update,
-  stats, ...), on :meth:`~cpprb_ray.ReplayBuffer.flush`, on close, when the handle is collected
-  and at process exit. With a rate limiter, every add is sent at once and waits in the actor, so
-  the limiter admits each call's rows whole, as it does locally. Such a handle's ``add``
-  returns None (the slots are chosen when the batch arrives).
-- **Sample, update, stats, clear, get_all_transitions, save** are Ray calls (after a flush).
-  N-step staging stays in the handle, as for any handle; it commits through the queue.
-- **Failures.** Every call is bounded: a call that gets no answer within ``call_timeout``
-  seconds (calls that a rate limiter holds back: their own timeout, while the actor answers a
-  ping every second), or whose actor or node is gone, raises :class:`RemoteBufferError`. The
-  next call starts a new proxy when the owner is still there. A client killed while it had
-  rows queued loses those rows (at most one batch: ``flush_rows`` rows or ``flush_seconds``
-  of adds); rows of a flush that was in flight are in the buffer or not, whole.
-
-Nothing here imports Ray until a remote handle or a proxy is made: the core works without it.
+"""The pickling glue of handles in a Ray job: what a handle carries for a node that cannot see
+its segment, and the remote handle made of it there (called by buffer.py's pickling).
 
 Examples
 --------
->>> from cpprb_ray import remote
->>> settings = remote.configure(flush_rows=512)
->>> settings["flush_rows"], sorted(settings)
-(512, ['call_timeout', 'flush_bytes', 'flush_rows', 'flush_seconds'])
->>> _ = remote.configure(flush_rows=1024)
+>>> from cpprb_ray.remote import _pickling
+>>> segment = _pickling.RemoteSegment("shm", "cpprb_ray_x")
+>>> segment.closed, segment.location
+(False, 'cpprb_ray_x')
 """
 
 from __future__ import annotations
@@ -46,45 +15,9 @@ import json
 import weakref
 from typing import Any, Dict, Optional, Type
 
-from cpprb_ray import _client, _layout, _rules, _store
-from cpprb_ray._client import NAMESPACE, RemoteBufferError, proxy_name
-
-__all__ = ["NAMESPACE", "RemoteBufferError", "configure", "proxy_name"]
-
-
-def configure(**settings: float) -> Dict[str, float]:
-    """Set how remote handles in this process batch and wait; returns every setting.
-
-    ``flush_rows`` (1024) and ``flush_bytes`` (8 MiB): a queue that holds this many rows or
-    bytes is sent at once. ``flush_seconds`` (0.05): the longest a queued row waits.
-    ``call_timeout`` (60): seconds a call may go unanswered before :class:`RemoteBufferError`.
-    They apply from the next call of every remote handle here.
-
-    Examples
-    --------
-    >>> from cpprb_ray import remote
-    >>> remote.configure(call_timeout=30.0)["call_timeout"]
-    30.0
-    >>> remote.configure(call_timeout=0)
-    Traceback (most recent call last):
-    ...
-    ValueError: call_timeout must be > 0; got 0
-    >>> _ = remote.configure(call_timeout=60.0)
-    """
-    known = _client._settings
-    for key, value in settings.items():
-        if key not in known:
-            raise ValueError(f"unknown setting {key!r}; expected one of {sorted(known)}")
-        number = _rules.as_count(value, key) if key in ("flush_rows", "flush_bytes") else \
-            _rules.as_real(value, key)
-        if not number > 0:
-            raise ValueError(f"{key} must be > 0; got {value}")
-        _client._settings[key] = number
-    return dict(_client._settings)
-
-
-# ---------------------------------------------------------------------------------------------
-# Pickling and unpickling (called by buffer.py)
+from cpprb_ray import _layout, _segment
+from cpprb_ray.remote import _client
+from cpprb_ray.remote._client import NAMESPACE, proxy_name
 
 
 def pickle_state(handle: Any) -> Optional[Dict[str, Any]]:
@@ -108,7 +41,7 @@ def pickle_state(handle: Any) -> Optional[Dict[str, Any]]:
     ray = _client._ray()
     if ray is None:
         return None
-    header = _store.read_header(handle._segment.memory)
+    header = _segment.read_header(handle._segment.memory)
     return {"node": ray.get_runtime_context().get_node_id(),
             "layout": handle._layout.to_json().decode(),
             "capacity": handle._layout.capacity, "prioritized": handle._layout.prioritized,
@@ -198,6 +131,3 @@ def stop_proxy(backend: str, location: str, token: Optional[str]) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:   # already gone  # noqa: BLE001
         pass
-
-
-# ---------------------------------------------------------------------------------------------

@@ -1,0 +1,185 @@
+"""A buffer's parts: a writer (where an add's rows go) and a sampler (what a draw returns),
+chosen once when a handle is made or attached. ``buffer.py`` holds the two objects and calls
+them; it tests no flags.
+
+Every writer has the same small interface::
+
+    add(values, priorities, timeout) -> first slot or None   one user add (values by name)
+    end_episode(timeout)                                     on_episode_end: commit staged steps
+    forget()                                                 clear(): drop this handle's staging
+    close()                                                  commit what is staged, give back
+                                                             what this handle holds (a lane)
+    next_slot() -> int                                       get_next_index()
+    columns                                                  the Column objects add takes
+    staged                                                   steps staged here (None: none kept)
+
+and every sampler::
+
+    sample(batch, beta, out, timeout) -> dict                one draw (out=: refilled in place)
+    update(indexes, priorities, generations) -> int          new priorities of drawn rows
+    all_rows(room) -> dict                                   every committed row, slot order
+
+The writers: the ring's (:class:`RingWriter`, an add is one store add), the lane writer
+(:class:`cpprb_ray.frames.LaneWriter`, one handle's lane: frames, many writers), and the N-step
+writer (:class:`cpprb_ray.nstep.NstepWriter`), which stages a stream's steps and commits its
+transitions through the ring's or the lane's sink. The samplers: the ring's
+(:class:`RingSampler`), the lanes' (:class:`cpprb_ray.frames.LaneSampler`), and cpprb's
+check_for_update over either (:class:`CheckingSampler`). Their kernels are in the store's
+extension modules (the ring's in ``_core``/``_store``, the lanes' in ``_lanes``/``_lanestore``);
+a new way of writing or sampling is a new pair here and there, chosen in :func:`choose`.
+
+Examples
+--------
+>>> from cpprb_ray import ReplayBuffer
+>>> with ReplayBuffer(8, {"obs": {}}) as rb, ReplayBuffer(8, {"obs": {}}, lanes=2) as laned:
+...     print(type(rb._writer).__name__, type(rb._sampler).__name__)
+...     print(type(laned._writer).__name__, type(laned._sampler).__name__)
+RingWriter RingSampler
+LaneWriter LaneSampler
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from cpprb_ray import _compat, _rules, frames, nstep
+from cpprb_ray._layout import Column, Layout
+
+
+class RingWriter:
+    """The plain ring's writer: an add is one store add, made by the store's own method (a
+    cold call pays for every Python frame it passes through).
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer
+    >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+    ...     print(rb._writer.add({"obs": [1.0, 2.0]}, None, None), rb._writer.next_slot())
+    0 2
+    """
+
+    staged = None
+
+    def __init__(self, store: Any, columns: List[Column]) -> None:
+        self.add = store.add
+        self.columns = columns
+        self._store = store
+
+    def end_episode(self, timeout: Optional[float]) -> None:
+        _rules.as_timeout(timeout)   # refused alike, with nothing to commit
+
+    def forget(self) -> None:
+        """Nothing is staged in the ring's writer."""
+
+    def close(self) -> None:
+        """Nothing is held by the ring's writer."""
+
+    def next_slot(self) -> int:
+        return int(self._store.next_index)
+
+
+class RingSampler:
+    """The plain ring's sampler: the store's own sample and update (prioritized over the tree,
+    or uniform over the committed rows below the stored size).
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer
+    >>> with ReplayBuffer(4, {"obs": {}}) as rb:
+    ...     _ = rb.add(obs=[1.0, 2.0])
+    ...     print(rb._sampler.all_rows(2)["obs"].ravel())
+    [1. 2.]
+    """
+
+    def __init__(self, store: Any, columns: List[Column]) -> None:
+        self.sample = store.sample
+        self.update = store.update
+        self._store = store
+        self._columns = columns
+
+    def all_rows(self, room: int) -> Dict[str, np.ndarray]:
+        """Every committed row (at most `room`), in slot order; torn rows are left out."""
+        outputs = [np.empty((room,) + c.shape, dtype=c.dtype) for c in self._columns]
+        indexes = np.empty(room, dtype=np.int64)
+        leaves = np.empty(room, dtype=np.float64)
+        copied = self._store.snapshot(outputs, indexes, leaves)
+        return {c.name: out[:copied] for c, out in zip(self._columns, outputs)}
+
+
+class CheckingSampler:
+    """cpprb's ``check_for_update``, over another sampler: each sample's generations are kept,
+    and an update given no generations skips every slot written since this handle sampled it
+    (and any slot it never sampled), as if given them.
+
+    Examples
+    --------
+    >>> from cpprb_ray import PrioritizedReplayBuffer
+    >>> with PrioritizedReplayBuffer(2, {"obs": {}}, check_for_update=True, seed=0) as rb:
+    ...     _ = rb.add(obs=[1.0, 2.0])
+    ...     batch = rb.sample(2)
+    ...     _ = rb.add(obs=[3.0, 4.0])   # overwrites both sampled slots
+    ...     print(type(rb._sampler).__name__, rb.update_priorities(batch["indexes"], [5.0, 5.0]))
+    CheckingSampler 0
+    """
+
+    def __init__(self, inner: Any, capacity: int) -> None:
+        self._inner = inner
+        self._sampled = _compat.SampledGenerations(capacity)
+        self.all_rows = inner.all_rows
+
+    def sample(self, batch: int, beta: float, out: Optional[Dict[str, np.ndarray]],
+               timeout: Optional[float]) -> Dict[str, np.ndarray]:
+        result = self._inner.sample(batch, beta, out, timeout)
+        self._sampled.remember(result["indexes"], result["generations"])
+        return result
+
+    def update(self, indexes: Any, priorities: Any, generations: Any = None) -> int:
+        if generations is None:
+            generations = self._sampled.generations_of(indexes)
+        return int(self._inner.update(indexes, priorities, generations))
+
+
+def image_of(store: Any) -> Any:
+    """The checkpoint image part (dump, restore) of a handle on `store`: the store's own where
+    it stands in for a segment this process cannot see (a remote handle's), else
+    :class:`cpprb_ray._image.StoreImage`."""
+    if getattr(store, "is_remote", False):
+        return store
+    from cpprb_ray._image import StoreImage
+
+    return StoreImage(store)
+
+
+def choose(store: Any, layout: Layout, location: str,
+           lane_config: Optional[frames.LaneConfig], nstep_config: Optional[nstep.NstepConfig],
+           prioritized: bool, check_for_update: bool = False) -> Tuple[Any, Any]:
+    """(writer, sampler) for a handle on `store` (a ReplayStore, or a remote handle's stand-in
+    for one) of a buffer with this layout: the one place where a buffer's parts are chosen.
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer
+    >>> env = {"obs": {}, "rew": {}, "next_obs": {}, "done": {}}
+    >>> spec = {"size": 3, "gamma": 0.9, "rew": "rew", "next": "next_obs"}
+    >>> with ReplayBuffer(8, env, Nstep=spec) as rb:
+    ...     print(type(rb._writer).__name__, type(rb._writer._sink).__name__)
+    NstepWriter RingSink
+    """
+    writer: Any
+    sampler: Any
+    if lane_config is None:
+        writer = RingWriter(store, layout.columns)
+        sampler = RingSampler(store, layout.columns)
+    else:
+        lanes = frames.lane_store(store, layout, lane_config, location)
+        writer = frames.LaneWriter(lanes, lane_config, layout.columns, layout.capacity)
+        sampler = frames.LaneSampler(lanes)
+    if nstep_config is not None:
+        sink = (nstep.RingSink(store, writer.columns) if lane_config is None
+                else nstep.LaneSink(store, writer))
+        writer = nstep.NstepWriter(nstep_config, writer, sink, prioritized)
+    if check_for_update:
+        sampler = CheckingSampler(sampler, layout.capacity)
+    return writer, sampler
