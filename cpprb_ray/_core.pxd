@@ -118,6 +118,8 @@ cdef struct StoreView:
     Lane* lanes                   # the lane table (NULL: one ring, no lanes)
     int64_t lane_count
     int64_t link_offset           # with lanes: each record's int32 link (see _lanes.pyx)
+    int64_t lane_rows             # one lane: the most rows it keeps, the oldest evicted first
+                                  # (cpprb's size N; its ring has room for fillers); 0: no bound
 
 
 cdef int64_t lane_start(const StoreView* view, int64_t lane) noexcept nogil
