@@ -17,7 +17,7 @@ Examples
 --------
 >>> import numpy as np
 >>> from cpprb_ray import HindsightReplayBuffer
->>> reward = lambda state, action, goal: -1.0 * (state != goal)
+>>> reward = lambda state, action, goal: np.where(state == goal, 0.0, -1.0)
 >>> with HindsightReplayBuffer(16, {"obs": {}, "act": {}, "next_obs": {}}, max_episode_len=4,
 ...                            reward_func=reward, strategy="final", seed=0) as her:
 ...     for t in range(3):
@@ -85,7 +85,7 @@ class HindsightReplayBuffer:
     >>> from cpprb_ray import HindsightReplayBuffer
     >>> her = HindsightReplayBuffer(32, {"obs": {"shape": 2}, "act": {}, "next_obs": {"shape": 2}},
     ...                             max_episode_len=8,
-    ...                             reward_func=lambda s, a, g: -(abs(s - g).sum(axis=1) > 0),
+    ...                             reward_func=lambda s, a, g: -1.0 * (abs(s - g).sum(1) > 0),
     ...                             additional_goals=2, prioritized=True, seed=1)
     >>> for t in range(4):
     ...     her.add(obs=[t, 0], act=1, next_obs=[t + 1, 0])

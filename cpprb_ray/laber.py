@@ -175,7 +175,7 @@ class LaBERmax(_LaBER):
     Examples
     --------
     >>> from cpprb_ray import LaBERmax
-    >>> LaBERmax(2, 2, seed=0)(priorities=[3, 1, 1, 1])["weights"].max()
+    >>> float(LaBERmax(2, 2, seed=0)(priorities=[3, 1, 1, 1])["weights"].max())
     1.0
     """
 

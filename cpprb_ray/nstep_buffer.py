@@ -98,13 +98,13 @@ class NstepBuffer:
     ...                  discounts=True)
     >>> rows = nb.add(obs=[0, 1, 2, 3], rew=[1, 1, 1, 1], next_obs=[1, 2, 3, 4],
     ...               done=[0, 0, 0, 1])
-    >>> rows["obs"].ravel().tolist(), rows["rew"].ravel().tolist()
-    ([0.0], [1.75])
+    >>> rows["obs"].ravel().tolist(), rows["rew"].ravel().tolist()   # all but the last n - 1
+    ([0.0, 1.0], [1.75, 1.75])
     >>> rest = nb.on_episode_end()
     >>> rest["rew"].ravel().tolist(), rest["done"].ravel().tolist()
-    ([1.75, 1.5, 1.0], [1.0, 1.0, 1.0])
+    ([1.5, 1.0], [1.0, 1.0])
     >>> rest["next_obs"].ravel().tolist(), rest["discounts"].ravel().tolist()
-    ([4.0, 4.0, 4.0], [0.125, 0.25, 0.5])
+    ([4.0, 4.0], [0.25, 0.5])
     """
 
     def __init__(self, env_dict: Optional[Mapping[str, Any]] = None,
