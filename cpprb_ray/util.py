@@ -39,7 +39,7 @@ def _spaces() -> Any:
         from gymnasium import spaces
     except ImportError:
         try:
-            from gym import spaces  # type: ignore[no-redef]
+            from gym import spaces  # type: ignore[no-redef,import-not-found,unused-ignore]
         except ImportError:
             raise ImportError("cpprb_ray.util needs gymnasium (pip install gymnasium) or "
                               "gym") from None
