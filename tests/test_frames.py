@@ -81,6 +81,10 @@ def test_memory_of_the_atari_layout():
         dict(env, next_obs=env["obs"])), True, "shm")
     assert framed.total_size <= 7.5 * 2**30
     assert whole.total_size > 55 * 2**30
+    # One lane (the default) keeps cpprb's 2**20 rows in a ring with room for filler slots.
+    stored, config = LaneConfig.plan(columns, 2**20, True, "obs", "obs", None)
+    bounded = _layout.plan(config.slots(2**20), stored, True, "shm", lanes=config.to_meta())
+    assert config.rows == 2**20 and bounded.total_size <= 7.5 * 2**30
     with ReplayBuffer(64, env, next_of="obs", stack_compress="obs") as rb:
         assert rb.nbytes == rb._segment.size
 
