@@ -170,7 +170,7 @@ class SampledGenerations:
     def generations_of(self, indexes: Any) -> np.ndarray:
         """The remembered generations (0: never sampled; out of range: 0 too, left for the
         update's own index check to refuse)."""
-        array = _rules.index_vector(indexes, "indexes")
+        array = _rules.index_vector(indexes, "indexes", True)
         inside = (array >= 0) & (array < len(self._generations))
         found = np.zeros(len(array), dtype=np.uint64)
         found[inside] = self._generations[array[inside]]

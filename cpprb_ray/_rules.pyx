@@ -308,10 +308,10 @@ cdef int64_t first_out_of_range(const int64_t* values, int64_t count,
     return -1
 
 
-def index_vector(indexes, str name):
-    """`indexes` (a scalar or 1-D of integers, or of floats with whole values as cpprb takes
-    them) as a C-contiguous int64 array, or an error naming `name`. The range is checked by the
-    caller (against the capacity or the stored size).
+def index_vector(indexes, str name, bint whole_floats=False):
+    """`indexes` (a scalar or 1-D of integers; with `whole_floats`, also of floats with whole
+    values, as cpprb's update_priorities takes them) as a C-contiguous int64 array, or an error
+    naming `name`. The range is checked by the caller (against the capacity or the stored size).
 
     Examples
     --------
@@ -319,21 +319,26 @@ def index_vector(indexes, str name):
     >>> from cpprb_ray._rules import index_vector
     >>> index_vector([3, 1], "indexes")
     array([3, 1])
-    >>> index_vector(np.arange(3, dtype=np.float16), "indexes")
+    >>> index_vector(np.arange(3, dtype=np.float16), "indexes", whole_floats=True)
     array([0, 1, 2])
-    >>> index_vector([0.5], "indexes")
+    >>> index_vector([0.5], "indexes", whole_floats=True)
     Traceback (most recent call last):
     ...
     ValueError: indexes must be whole numbers; got 0.5 at position 0
+    >>> index_vector([0.0], "indices")
+    Traceback (most recent call last):
+    ...
+    TypeError: indices must be integers; got dtype float64
     """
     array = indexes if type(indexes) is np.ndarray else _as_array(indexes, name)
     if _int_objects(array):     # Python ints past uint64 or below int64: in no buffer's range
         raise IndexError(f"{name} must be below the stored size and >= 0; got "
                          f"{_farthest(array)}")
-    if array.dtype.kind == "f":
+    if array.dtype.kind == "f" and whole_floats:
         array = _whole_indexes(array, name)
     elif array.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be integers; got dtype {array.dtype}")
+        if not (array.size == 0 and array.dtype.kind == "f"):   # [] is float64 to numpy
+            raise TypeError(f"{name} must be integers; got dtype {array.dtype}")
     if array.ndim > 1:
         raise ValueError(f"{name} must be a scalar or 1-D; got shape {array.shape}")
     if array.dtype.kind == "u" and array.size and array.max() > 2**62:

@@ -1187,7 +1187,7 @@ cdef class ReplayStore:
         # flags) were eight lookups, a cold learner's update paid for each. Anything else is
         # converted by the rules first (their errors name the argument).
         if not export_vector(indexes, &index_view, b"lq", 8):
-            indexes = _rules.index_vector(indexes, "indexes")
+            indexes = _rules.index_vector(indexes, "indexes", True)   # cpprb's float indexes
             PyObject_GetBuffer(indexes, &index_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
         held = 1
         try:

@@ -831,7 +831,7 @@ class ReplayBuffer:
         ...     print(rb._encode_sample([2, 0, 2])["obs"].ravel())
         [12. 10. 12.]
         """
-        wanted = _rules.index_vector(indexes, "indexes")
+        wanted = _rules.index_vector(indexes, "indexes", True)
         room = self.get_stored_size()
         if self._lanes is not None and self._lanes.rows:
             transitions, slots = self._lanes.numbered_rows(room,
@@ -1305,7 +1305,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         0
         """
         if generations is None and self._check_for_update:
-            generations = (np.zeros(len(_rules.index_vector(indexes, "indexes")), np.uint64)
+            generations = (np.zeros(len(_rules.index_vector(indexes, "indexes", True)),
+                                    np.uint64)
                            if self._sampled_generations is None
                            else self._sampled_generations.generations_of(indexes))
         return self._store.update(indexes, priorities, generations)
