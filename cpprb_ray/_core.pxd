@@ -22,21 +22,28 @@ ctypedef void (*ViewHook)(StoreView* view) noexcept nogil
 ctypedef bint (*RowTest)(const StoreView* view, int64_t slot) noexcept nogil
 ctypedef int64_t (*RowCount)(const StoreView* view) noexcept nogil
 
-# How rows lie in the slots, as the kernels that do not write rows need to know it.
+# How rows lie in the slots, as the kernels that do not write rows need to know it:
+#   undo_add    repair: take back the add a dead holder left half done
+#   clear_rows  clear (and a repaired clear): every slot's row gone
+#   holds_row   whether a slot the tree reached holds a committed row (NULL: the ring's rule,
+#               a slot below the stored size)
+#   count_rows  committed rows, counted (NULL: the ring's, the stored size after its undo; a
+#               part whose rows move outside any add's record counts them, and the repair sets
+#               the stored size from it)
 cdef struct RowsPart:
-    ViewHook undo_add        # repair: take back the add a dead holder left half done
-    ViewHook clear_rows      # clear (and a repaired clear): every slot's row gone
-    RowTest holds_row        # whether a slot the tree reached holds a committed row (NULL: the
-                             # ring's rule, a slot below the stored size)
-    RowCount count_rows      # committed rows, counted (NULL: the ring's, the stored size after
-                             # its undo; a part whose rows move outside any add's record
-                             # counts them, and the repair sets the stored size from it)
+    ViewHook undo_add
+    ViewHook clear_rows
+    RowTest holds_row
+    RowCount count_rows
 
 # A laned layout's lane table (count 0 in a ring's view): the lane part's state.
 cdef struct LaneTable:
     Lane* records
     int64_t count
     int64_t link_offset      # each record's int32 link pair, after its generation
+    # One lane: the most rows it keeps, its oldest evicted first (cpprb's size N; its ring has
+    # room for filler slots); 0: no bound but its slots. Per process, from the layout.
+    int64_t rows
 
 cdef struct StoreView:
     Header* header

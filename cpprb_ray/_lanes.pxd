@@ -12,7 +12,10 @@ from cpprb_ray._segment cimport Lane
 
 cdef enum:
     MAX_FRAME_COLUMNS = 8
-    MAX_STACK = 64           # planes per stack (checked by frames.py)
+    # Planes per stack (frames.MAX_STACK says the same): lanes_gather keeps a stack's plane
+    # pointers in an array on the C stack, 8 KiB at this bound (it was 64, 512 bytes; cpprb
+    # takes any stack, e.g. 84 for an obs of shape (4, 84, 84)).
+    MAX_STACK = 1024
 
 # One frame column, for one call. A stack is C-contiguous (*plane_shape, stack) as the user
 # passes it: its planes interleave at `item_bytes`; the store keeps one plane per slot.
@@ -66,8 +69,8 @@ cdef struct LaneClaim:
     int64_t dead_count
     const uint64_t* dead     # 4 per entry: lane, and the owner (pid, start, token) seen dead
 
-cdef void lanes_bind(StoreView* view, Lane* records, int64_t count,
-                     int64_t link_offset) noexcept nogil
+cdef void lanes_bind(StoreView* view, Lane* records, int64_t count, int64_t link_offset,
+                     int64_t rows) noexcept nogil
 cdef int64_t lane_start(const StoreView* view, int64_t lane) noexcept nogil
 cdef int64_t lanes_claim(StoreView* view, LaneClaim* claim) noexcept nogil
 cdef int64_t lanes_release(StoreView* view, int64_t lane, uint64_t token) noexcept nogil

@@ -154,13 +154,15 @@ cdef void lanes_clear_rows(StoreView* view) noexcept nogil:
         view.lanes.records[lane].writes += 1
 
 
-cdef void lanes_bind(StoreView* view, Lane* records, int64_t count,
-                     int64_t link_offset) noexcept nogil:
-    """Make `view` a laned buffer's: its lane table, and the lane part's hooks in place of the
-    ring's (the caller checked that the table lies inside the segment)."""
+cdef void lanes_bind(StoreView* view, Lane* records, int64_t count, int64_t link_offset,
+                     int64_t rows) noexcept nogil:
+    """Make `view` a laned buffer's: its lane table (`rows`: one lane's bound, 0 none), and the
+    lane part's hooks in place of the ring's (the caller checked that the table lies inside the
+    segment and the bound)."""
     view.lanes.records = records
     view.lanes.count = count
     view.lanes.link_offset = link_offset
+    view.lanes.rows = rows
     view.part.undo_add = lanes_undo_add
     view.part.clear_rows = lanes_clear_rows
     view.part.holds_row = is_live_row
@@ -283,6 +285,29 @@ cdef inline void evict(StoreView* view, int64_t slot) noexcept nogil:
         view.header.stored_size -= 1
 
 
+cdef void evict_oldest(StoreView* view, int64_t lane, int64_t start,
+                       int64_t excess) noexcept nogil:
+    """Evict `lane`'s `excess` oldest rows, walking its ring from `start` (relative to its first
+    slot: the oldest) on, and refresh the tree over the slots walked: a lane bounded to N rows
+    (view.lanes.rows, cpprb's size) keeps the newest N whatever slots their frames take. Their
+    planes stay: later rows' stacks may still read them, until those slots are written."""
+    cdef int64_t first = lane_start(view, lane)
+    cdef int64_t size = lane_start(view, lane + 1) - first
+    cdef int64_t k = 0, slot
+    start %= size
+    while excess > 0 and k < size:
+        slot = first + (start + k) % size
+        if is_live_row(view, slot):
+            evict(view, slot)
+            excess -= 1
+        k += 1
+    if start + k <= size:
+        tree_refresh_range(&view.tree, first + start, k)
+    else:
+        tree_refresh_range(&view.tree, first + start, size - start)
+        tree_refresh_range(&view.tree, first, start + k - size)
+
+
 cdef void write_frames(StoreView* view, uint8_t* record, int64_t delta, int64_t back,
                        int64_t row, const LaneAdd* a) noexcept nogil:
     """The planes of the slot `delta` slots before transition `row`'s own (delta 0): of its
@@ -398,6 +423,11 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
             if not a.frame_count or distance > link + stack_max - 1:
                 continue
         evict(view, slot)
+    # A lane bounded to N rows: the oldest rows past the slots written make room for these.
+    if view.lanes.rows > 0 and not a.incomplete and (
+            <int64_t>h.stored_size + a.count > view.lanes.rows):
+        evict_oldest(view, a.lane, head + total,
+                     <int64_t>h.stored_size + a.count - view.lanes.rows)
     # 4. Write: each transition's fillers, then its own slot.
     k = 0
     for row in range(a.count):
@@ -504,6 +534,10 @@ cdef int64_t lanes_complete(StoreView* view, LaneComplete* a) noexcept nogil:
     h.max_priority = max_priority
     h.stored_size = min(h.stored_size + <uint64_t>done, <uint64_t>view.capacity)
     h.rows_added += <uint64_t>done
+    if view.lanes.rows > 0 and <int64_t>h.stored_size > view.lanes.rows:
+        # A bounded lane (one): the rows just completed are its newest; the oldest make room.
+        evict_oldest(view, 0, <int64_t>view.lanes.records[0].head,
+                     <int64_t>h.stored_size - view.lanes.rows)
     publish(&h.op, OP_NONE)
     return done
 

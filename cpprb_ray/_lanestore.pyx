@@ -94,7 +94,8 @@ cdef class LaneStore:
     cdef int64_t[::1] column_outputs   # per store column: its output (-1: a frame column)
     cdef int64_t[::1] frame_outputs    # per frame column: the outputs of its values and nexts
 
-    def __init__(self, ReplayStore store, int64_t offset, int64_t count, frames, public):
+    def __init__(self, ReplayStore store, int64_t offset, int64_t count, frames, public,
+                 int64_t rows=0):
         """Make `store` a laned buffer's: the lane table (`count` lanes at byte `offset`) and
         the frame columns of its layout, validated by the caller; the bounds are checked here
         again, before any kernel could index with them.
@@ -102,12 +103,16 @@ cdef class LaneStore:
         `frames`: per frame column (store column, stack, plane bytes, item bytes, the public
         column of its values, that of its next values or -1). `public`: the columns add takes
         and sample returns, (name, shape, dtype), in order; a store column that is not a frame
-        column is the public column of its name."""
-        cdef int c, f
+        column is the public column of its name. `rows` (one lane only): the most rows it
+        keeps, its oldest evicted first (0: as many as its slots hold)."""
+        cdef int c
         self.store = store
         if not 1 <= count <= store.view.capacity or offset < HEADER_BYTES or offset % 8 or (
                 offset + count * <int64_t>sizeof(Lane) > store._buffer.len):
             raise ValueError(f"lane table ({count} lanes at {offset}) lies outside the segment")
+        if not 0 <= rows <= store.view.capacity or (rows and count != 1):
+            raise ValueError(f"a row bound of {rows} for {count} lanes of {store.view.capacity} "
+                             f"slots")
         if len(frames) > MAX_FRAME_COLUMNS:
             raise ValueError(f"at most {MAX_FRAME_COLUMNS} frame columns; got {len(frames)}")
         names = [name for name, _, _ in public]
@@ -137,7 +142,7 @@ cdef class LaneStore:
             if c not in framed:
                 self.column_outputs[c] = names.index(store.columns.names[c])
         # The links lie right after each record's generation (_layout).
-        lanes_bind(&store.view, <Lane*>(<uint8_t*>store._buffer.buf + offset), count, 8)
+        lanes_bind(&store.view, <Lane*>(<uint8_t*>store._buffer.buf + offset), count, 8, rows)
 
     def lane_owners(self):
         """(lanes, 4) uint64: each lane's owner pid (0: free), its start time, its handle's
@@ -297,8 +302,8 @@ cdef class LaneStore:
                                                                 "out_generations")
                 if out_slots.dtype != _INT64 or out_generations.dtype != _UINT64:
                     raise ValueError("out_slots must be int64 and out_generations uint64")
-            return store.run(lane_add_kernel, &arguments, SIDE_INSERT if admit else SIDE_NONE, admit,
-                             seconds)
+            return store.run(lane_add_kernel, &arguments,
+                             SIDE_INSERT if admit else SIDE_NONE, admit, seconds)
         finally:
             free(sources)
             free(plan)
@@ -317,8 +322,9 @@ cdef class LaneStore:
         finally:
             store.leave()
 
-    def all_rows(self, int64_t room):
-        """Every live row (at most `room`), in slot order: a dict of the public columns."""
+    def all_rows(self, int64_t room, bint with_slots=False):
+        """Every live row (at most `room`), in slot order: a dict of the public columns; with
+        `with_slots`, (that dict, the rows' slots)."""
         cdef ReplayStore store = self.store
         cdef int64_t found = 0
         store.enter()
@@ -327,8 +333,9 @@ cdef class LaneStore:
             rows = self.outputs.fresh(max(room, 1))
             if room > 0:
                 self._sample(room, 0.0, rows, 0.0, LANE_ALL, &found)
-            return {name: rows[name][:found]
-                    for name in self.outputs.names[:self.outputs.index_at]}
+            columns = {name: rows[name][:found]
+                       for name in self.outputs.names[:self.outputs.index_at]}
+            return (columns, rows["indexes"][:found]) if with_slots else columns
         finally:
             store.leave()
 

@@ -38,7 +38,8 @@ def _candidate_files() -> List[str]:
                 try:
                     if (entry.is_file(follow_symlinks=False)
                             and entry.stat(follow_symlinks=False).st_uid == os.geteuid()
-                            and entry.stat(follow_symlinks=False).st_size >= _segment.HEADER_NBYTES):
+                            and entry.stat(follow_symlinks=False).st_size
+                            >= _segment.HEADER_NBYTES):
                         files.append(entry.path)
                 except OSError:
                     continue

@@ -2,7 +2,6 @@
 
 from typing import Any, Dict, List, Sequence
 
-import numpy as np
 import numpy.typing as npt
 
 class SampleOutputs:

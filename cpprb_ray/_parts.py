@@ -10,6 +10,7 @@ Every writer has the same small interface::
     close()                                                  commit what is staged, give back
                                                              what this handle holds (a lane)
     next_slot() -> int                                       get_next_index()
+    size                                                     rows the buffer keeps
     columns                                                  the Column objects add takes
     staged                                                   steps staged here (None: none kept)
 
@@ -17,14 +18,15 @@ and every sampler::
 
     sample(batch, beta, out, timeout) -> dict                one draw (out=: refilled in place)
     update(indexes, priorities, generations) -> int          new priorities of drawn rows
-    all_rows(room) -> dict                                   every committed row, slot order
+    all_rows(room) -> dict                                   every committed row, in order
+    rows_at(indexes, room) -> dict                           the rows at given indexes
 
 The writers: the ring's (:class:`RingWriter`, an add is one store add), the lane writer
 (:class:`cpprb_ray.frames.LaneWriter`, one handle's lane: frames, many writers), and the N-step
 writer (:class:`cpprb_ray.nstep.NstepWriter`), which stages a stream's steps and commits its
 transitions through the ring's or the lane's sink. The samplers: the ring's
-(:class:`RingSampler`), the lanes' (:class:`cpprb_ray.frames.LaneSampler`), and cpprb's
-check_for_update over either (:class:`CheckingSampler`). Their kernels are in the store's
+(:class:`RingSampler`), the lanes' (:class:`LaneSampler`), and cpprb's check_for_update over
+either (:class:`CheckingSampler`). Their kernels are in the store's
 extension modules (the ring's in ``_core``/``_store``, the lanes' in ``_lanes``/``_lanestore``);
 a new way of writing or sampling is a new pair here and there, chosen in :func:`choose`.
 
@@ -45,6 +47,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from cpprb_ray import _compat, _rules, frames, nstep
+from cpprb_ray._image import StoreImage
 from cpprb_ray._layout import Column, Layout
 
 
@@ -62,9 +65,10 @@ class RingWriter:
 
     staged = None
 
-    def __init__(self, store: Any, columns: List[Column]) -> None:
+    def __init__(self, store: Any, columns: List[Column], size: int) -> None:
         self.add = store.add
         self.columns = columns
+        self.size = size            # rows the buffer keeps
         self._store = store
 
     def end_episode(self, timeout: Optional[float]) -> None:
@@ -101,11 +105,77 @@ class RingSampler:
 
     def all_rows(self, room: int) -> Dict[str, np.ndarray]:
         """Every committed row (at most `room`), in slot order; torn rows are left out."""
+        return self._numbered_rows(room)[0]
+
+    def _numbered_rows(self, room: int) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
         outputs = [np.empty((room,) + c.shape, dtype=c.dtype) for c in self._columns]
         indexes = np.empty(room, dtype=np.int64)
         leaves = np.empty(room, dtype=np.float64)
         copied = self._store.snapshot(outputs, indexes, leaves)
-        return {c.name: out[:copied] for c, out in zip(self._columns, outputs)}
+        return {c.name: out[:copied] for c, out in zip(self._columns, outputs)}, indexes[:copied]
+
+    def rows_at(self, indexes: np.ndarray, room: int) -> Dict[str, np.ndarray]:
+        """Copies of the rows at `indexes` (slots below the stored size `room`)."""
+        rows, slots = self._numbered_rows(room)
+        return pick_rows(rows, slots, indexes, room)
+
+
+class LaneSampler:
+    """The lanes' sampler: rows drawn through the tree (a uniform laned buffer weighs each row
+    1), their frame stacks rebuilt from the planes of the slots before them in their lane. A
+    bounded lane (cpprb's next_of / stack_compress) numbers its rows as cpprb does (rows added
+    since the last clear, modulo its size: its ring index), in the order of get_all_transitions
+    and for rows_at; sample's indexes stay slots (what update takes)."""
+
+    def __init__(self, lanes: Any, config: frames.LaneConfig, slots: int) -> None:
+        self.sample = lanes.sample
+        self.update = lanes.store.update
+        self._lanes = lanes
+        self._rows = config.rows
+        self._slots = slots
+
+    def _numbered_rows(self, room: int) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
+        """The live rows (at most `room`) and each one's number: its slot, or in a bounded lane
+        its number as cpprb counts (the lane keeps its newest rows in ring order, oldest at its
+        head; read in three steps: exact while no add runs meanwhile)."""
+        rows, slots = self._lanes.all_rows(room, True)
+        if not self._rows:
+            return rows, slots
+        since_clear = int(self._lanes.store.rows_since_clear)
+        head = int(self._lanes.lane_next_slots()[0])
+        age = np.argsort((slots - head) % self._slots, kind="stable")
+        count = len(slots)
+        numbers = np.empty(count, dtype=np.int64)
+        numbers[age] = (since_clear - count + np.arange(count)) % self._rows
+        return rows, numbers
+
+    def all_rows(self, room: int) -> Dict[str, np.ndarray]:
+        """Every live row (at most `room`): in slot order, or in a bounded lane by number."""
+        rows, numbers = self._numbered_rows(room)
+        if not self._rows:
+            return rows
+        order = np.argsort(numbers, kind="stable")
+        return {name: column[order] for name, column in rows.items()}
+
+    def rows_at(self, indexes: np.ndarray, room: int) -> Dict[str, np.ndarray]:
+        """Copies of the rows at `indexes`: numbers in a bounded lane, else live rows' slots."""
+        rows, numbers = self._numbered_rows(room)
+        return pick_rows(rows, numbers, indexes, self._rows or self._slots)
+
+
+def pick_rows(rows: Dict[str, np.ndarray], numbers: np.ndarray, wanted: np.ndarray,
+              bound: int) -> Dict[str, np.ndarray]:
+    """The rows (a dict of columns, one entry per number in `numbers`) at the numbers `wanted`,
+    in its order, repeats allowed; IndexError naming the first that holds no row."""
+    position = np.full(max(bound, 1), -1, dtype=np.int64)
+    position[numbers] = np.arange(len(numbers))
+    inside = (wanted >= 0) & (wanted < bound)
+    found = np.where(inside, position[np.where(inside, wanted, 0)], -1)
+    if (found < 0).any():
+        at = int(np.flatnonzero(found < 0)[0])
+        raise IndexError(f"indexes must name stored rows (slots in [0, {bound})); got "
+                         f"{wanted[at]} at position {at}, which holds none")
+    return {name: column[found] for name, column in rows.items()}
 
 
 class CheckingSampler:
@@ -128,6 +198,7 @@ class CheckingSampler:
         self._inner = inner
         self._sampled = _compat.SampledGenerations(capacity)
         self.all_rows = inner.all_rows
+        self.rows_at = inner.rows_at
 
     def sample(self, batch: int, beta: float, out: Optional[Dict[str, np.ndarray]],
                timeout: Optional[float]) -> Dict[str, np.ndarray]:
@@ -147,8 +218,6 @@ def image_of(store: Any) -> Any:
     :class:`cpprb_ray._image.StoreImage`."""
     if getattr(store, "is_remote", False):
         return store
-    from cpprb_ray._image import StoreImage
-
     return StoreImage(store)
 
 
@@ -170,12 +239,12 @@ def choose(store: Any, layout: Layout, location: str,
     writer: Any
     sampler: Any
     if lane_config is None:
-        writer = RingWriter(store, layout.columns)
+        writer = RingWriter(store, layout.columns, layout.capacity)
         sampler = RingSampler(store, layout.columns)
     else:
         lanes = frames.lane_store(store, layout, lane_config, location)
         writer = frames.LaneWriter(lanes, lane_config, layout.columns, layout.capacity)
-        sampler = frames.LaneSampler(lanes)
+        sampler = LaneSampler(lanes, lane_config, layout.capacity)
     if nstep_config is not None:
         sink = (nstep.RingSink(store, writer.columns) if lane_config is None
                 else nstep.LaneSink(store, writer))

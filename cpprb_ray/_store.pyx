@@ -26,7 +26,7 @@ from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FOR
                              PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer)
 from cpython.exc cimport PyErr_CheckSignals
 from libc.math cimport isnan
-from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from cpprb_ray._columns cimport AddFrame, ColumnTable
@@ -477,6 +477,11 @@ cdef class ReplayStore:
         return self.header().rows_added
 
     @property
+    def rows_since_clear(self):
+        """Rows added since the last clear (the limiter's base is set at every clear)."""
+        return self.header().rows_added - self.view.limiter.insert_base
+
+    @property
     def repairs(self):
         return self.header().repairs
 
@@ -732,7 +737,7 @@ cdef class ReplayStore:
         # flags) were eight lookups, a cold learner's update paid for each. Anything else is
         # converted by the rules first (their errors name the argument).
         if not export_vector(indexes, &index_view, b"lq", 8):
-            indexes = _rules.index_vector(indexes, "indexes")
+            indexes = _rules.index_vector(indexes, "indexes", True)   # cpprb's float indexes
             PyObject_GetBuffer(indexes, &index_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
         held = 1
         try:

@@ -93,6 +93,9 @@ class ReplayBuffer:
         Split the ring into this many lanes, one per concurrent writing handle (claimed on
         its first add, given back on close or when its process dies); more writers than lanes
         raise :class:`cpprb_ray.LaneError`. 1 with next_of / stack_compress, else no lanes.
+    mmap_prefix : str, optional
+        cpprb's argument: the buffer in the file ``{mmap_prefix}.cpprb_ray`` (backend "mmap";
+        it may be larger than RAM). Freed like any buffer when its owner closes it.
 
     Raises
     ------
@@ -129,9 +132,10 @@ class ReplayBuffer:
                  rate_limiter: Optional[rate_limiters.RateLimiter] = None,
                  default_dtype: Any = None,
                  next_of: frames.Names = None, stack_compress: frames.Names = None,
-                 lanes: Optional[int] = None) -> None:
+                 lanes: Optional[int] = None, mmap_prefix: Optional[str] = None) -> None:
         size = _compat.whole_size(size)
         env_dict = _compat.with_default_dtype(env_dict, default_dtype)
+        backend, path = _compat.mmap_path(mmap_prefix, backend, path)
         self._create(size, env_dict, backend, name, path, seed, alpha=0.0, eps=0.0,
                      lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter,
                      next_of=next_of, stack_compress=stack_compress, lanes=lanes)
@@ -160,7 +164,10 @@ class ReplayBuffer:
             raise ValueError("path= needs backend='mmap'")
         if seed is not None and _as_count(seed, "seed") < 0:
             raise ValueError(f"seed must be >= 0; got {seed}")
-        layout = _layout.plan(capacity, columns, self._prioritized, backend,
+        # A bounded frame lane (cpprb's next_of / stack_compress) keeps `capacity` rows in more
+        # slots, so that filler slots do not take the rows' room (frames.bounded_slots).
+        slots = capacity if lane_config is None else lane_config.slots(capacity)
+        layout = _layout.plan(slots, columns, self._prioritized, backend,
                               extra_meta=nstep.meta_of(nstep_config),
                               lanes=None if lane_config is None else lane_config.to_meta())
         claimed: List[Ownership] = []
@@ -180,7 +187,7 @@ class ReplayBuffer:
             raise
         try:
             _segment.initialize_segment(
-                segment.memory, total_size=layout.total_size, capacity=capacity,
+                segment.memory, total_size=layout.total_size, capacity=slots,
                 # A laned buffer always samples through its tree (a uniform one weighs every
                 # row 1: alpha 0), since its rows are not the slots below a stored size.
                 prioritized=self._prioritized or lane_config is not None, alpha=alpha, eps=eps,
@@ -230,6 +237,8 @@ class ReplayBuffer:
         except BaseException:
             self._store.release()
             raise
+        # get_current_episode_len counts the rows stored since this (cpprb's episode length).
+        self._episode_start = int(self._store.rows_added)
         self._owner = ownership is not None
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
@@ -527,7 +536,7 @@ class ReplayBuffer:
         """
         if self._segment.closed:
             raise ValueError("operation on a closed buffer")
-        return self._layout.capacity
+        return int(self._writer.size)   # (a bounded frame lane's ring has more slots)
 
     def get_next_index(self) -> int:
         """Slot the next add writes first (a laned buffer: the next slot of this handle's lane,
@@ -637,6 +646,7 @@ class ReplayBuffer:
         """
         self._store.clear()
         self._writer.forget()
+        self._episode_start = int(self._store.rows_added)
 
     def on_episode_end(self, *, timeout: Optional[float] = None) -> None:
         """End the current episode (truncated): commit the steps staged for N-step returns.
@@ -656,6 +666,8 @@ class ReplayBuffer:
         1
         """
         self._writer.end_episode(timeout)
+        if not self._segment.closed:
+            self._episode_start = int(self._store.rows_added)
 
     def get_all_transitions(self, shuffle: bool = False) -> Dict[str, np.ndarray]:
         """Copies of every stored row, in slot order (rows torn by a crashed writer left out).
@@ -671,10 +683,34 @@ class ReplayBuffer:
         ...     print(rb.get_all_transitions()["obs"].ravel())
         [1. 2. 3.]
         """
+        # (In cpprb's row order in a bounded frame lane: its sampler's.)
         transitions = self._sampler.all_rows(self.get_stored_size())
         if not isinstance(shuffle, (bool, np.bool_)):
             raise TypeError(f"shuffle must be a bool; got {type(shuffle).__name__}")
         return _compat.shuffled(transitions) if shuffle else transitions
+
+    def _encode_sample(self, indexes: Any) -> Dict[str, np.ndarray]:
+        """cpprb's method: copies of the rows at `indexes` (an int or a 1-D array of them, in
+        any order, repeats allowed), every column as :meth:`get_all_transitions` gives them.
+
+        An index is a row's place in the ring as cpprb counts it: below the stored size, the
+        slot ``sample`` returns in ``"indexes"``. With next_of / stack_compress in one lane
+        (the default), it is the row's number as cpprb counts (rows added since the last
+        clear, modulo the size), while ``sample``'s indexes are slots of the larger ring
+        (what ``update_priorities`` takes); with several lanes, a live row's slot. IndexError
+        naming the first that holds no row. Reads every row and picks: for tools and tests;
+        ``sample`` is the training path.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(8, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=[10.0, 11.0, 12.0])
+        ...     print(rb._encode_sample([2, 0, 2])["obs"].ravel())
+        [12. 10. 12.]
+        """
+        return self._sampler.rows_at(_rules.index_vector(indexes, "indexes", True),
+                                     self.get_stored_size())
 
     # -- cpprb's transitions files and queries ---------------------------------------------
 
@@ -746,8 +782,7 @@ class ReplayBuffer:
         if nstep_buffer:
             # Finished transitions, committed as they are, with the columns the writer below
             # the staging takes (a laned buffer's: into this handle's lane, next_of's included).
-            self._writer.add_rows(_compat.nstep_rows(transitions, self._writer.columns, file),
-                                  timeout)
+            self._writer.add_rows(transitions, file, timeout)
             return
         names = frozenset(c.name for c in self._writer.columns)
         if set(transitions) != names:
@@ -770,22 +805,27 @@ class ReplayBuffer:
         return self._nstep_config is not None
 
     def get_current_episode_len(self) -> int:
-        """cpprb's count of the steps added since the last on_episode_end: not kept here.
+        """Rows stored since this handle's last :meth:`on_episode_end` or :meth:`clear` (or
+        since it was made or attached): cpprb's count.
 
-        A handle is one of many writers of the segment and does not count the rows of its
-        adds; count the steps in the environment loop.
+        As cpprb counts: rows that went into the buffer (with ``Nstep``, the transitions
+        committed, which lag the steps added by up to n - 1). The count is the buffer's, read
+        from the segment: rows other writers added meanwhile count too, so it is this
+        episode's length where this handle is the buffer's only writer, as a cpprb buffer
+        always is.
 
         Examples
         --------
         >>> from cpprb_ray import ReplayBuffer
         >>> with ReplayBuffer(8, {"obs": {}}) as rb:
-        ...     rb.get_current_episode_len()
-        Traceback (most recent call last):
-        ...
-        NotImplementedError: get_current_episode_len: cpprb_ray handles do not count ...
+        ...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+        ...     print(rb.get_current_episode_len())
+        ...     rb.on_episode_end()
+        ...     print(rb.get_current_episode_len())
+        3
+        0
         """
-        raise NotImplementedError("get_current_episode_len: cpprb_ray handles do not count "
-                                  "episode steps; count them in the environment loop")
+        return int(self._store.rows_added) - self._episode_start
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -929,6 +969,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         into the segment with that step's n-step transition.
     next_of, stack_compress, lanes
         As for :class:`ReplayBuffer` (docs/frames.md).
+    mmap_prefix : str, optional
+        As for :class:`ReplayBuffer`.
     alpha : float
         Prioritization exponent, >= 0 (0 is uniform).
     eps : float
@@ -962,9 +1004,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                  rate_limiter: Optional[rate_limiters.RateLimiter] = None,
                  default_dtype: Any = None, check_for_update: bool = False,
                  next_of: frames.Names = None, stack_compress: frames.Names = None,
-                 lanes: Optional[int] = None) -> None:
+                 lanes: Optional[int] = None, mmap_prefix: Optional[str] = None) -> None:
         size = _compat.whole_size(size)
         env_dict = _compat.with_default_dtype(env_dict, default_dtype)
+        backend, path = _compat.mmap_path(mmap_prefix, backend, path)
         if not isinstance(check_for_update, (bool, np.bool_)):
             raise TypeError(f"check_for_update must be a bool; got "
                             f"{type(check_for_update).__name__}")

@@ -38,11 +38,28 @@ from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tup
 import numpy as np
 
 from cpprb_ray import _proc, _rules
+from cpprb_ray._lanestore import LaneStore
 from cpprb_ray._layout import Column, parse_env_dict
 
-MAX_STACK = 64          # planes per stack (_lanes.pyx)
+MAX_STACK = 1024        # planes per stack (_lanes.pxd)
 MAX_FRAME_COLUMNS = 8   # frame columns per buffer (_lanes.pxd)
 MIN_LANE_SLOTS = 4      # a lane holds at least this many stacks' worth of slots
+# One lane with frames holds cpprb's N rows in more slots: room for the filler slots of this
+# many episode starts (or stream breaks) among its newest N rows, each up to 2 * stack - 1
+# fillers, and the 2 * stack slots a write evicts ahead. Up to this many rows, every row may be
+# an episode of its own (cpprb's worst case); past it, the extra is a fixed few thousand slots.
+BOUNDED_EPISODES = 4096
+
+
+def bounded_slots(rows: int, stack_max: int) -> int:
+    """Slots of one frame lane that keeps `rows` rows (cpprb's size): see BOUNDED_EPISODES.
+
+    Examples
+    --------
+    >>> bounded_slots(10, 1), bounded_slots(10, 3), bounded_slots(10**6, 4)
+    (22, 66, 1028680)
+    """
+    return rows + (2 * stack_max - 1) * min(rows, BOUNDED_EPISODES) + 2 * stack_max
 
 Names = Union[None, str, Sequence[str]]
 
@@ -114,11 +131,20 @@ class LaneConfig:
     takes and sample returns, in env_dict order: next columns included)."""
 
     def __init__(self, count: int, frames: List[FrameColumn], uniform: bool,
-                 public: List[Tuple[str, Tuple[int, ...], np.dtype]]):
+                 public: List[Tuple[str, Tuple[int, ...], np.dtype]], rows: int = 0):
         self.count = count
         self.frames = frames
         self.uniform = uniform
         self.public = public
+        # One lane with frames (cpprb's next_of / stack_compress): the most rows it keeps, in
+        # bounded_slots() slots; 0: no bound but the slots (several lanes, or none with frames).
+        self.rows = rows
+
+    def slots(self, capacity: int) -> int:
+        """The ring's slots for a buffer of `capacity` (the size the user gave)."""
+        if not self.rows:
+            return capacity
+        return bounded_slots(self.rows, max([f.stack for f in self.frames] + [1]))
 
     @classmethod
     def plan(cls, columns: List[Column], capacity: int, prioritized: bool, next_of: Names,
@@ -182,7 +208,8 @@ class LaneConfig:
             raise ValueError(f"at most {MAX_FRAME_COLUMNS} next_of/stack_compress columns; got "
                              f"{len(frames)}")
         stack_max = max([f.stack for f in frames] + [1])
-        lane_slots = capacity // count
+        rows = capacity if count == 1 and frames else 0
+        lane_slots = capacity // count if not rows else bounded_slots(rows, stack_max)
         needed = MIN_LANE_SLOTS * stack_max if frames else 1
         if lane_slots < needed:
             raise ValueError(f"size {capacity} with lanes={_rules.shown(count)} leaves "
@@ -195,14 +222,14 @@ class LaneConfig:
                    if f.next is not None and f.next not in by_name]
         stored = [Column(c.name, c.dtype, framed[c.name].plane_shape) if c.name in framed
                   else c for c in columns if c.name not in derived]
-        return stored, cls(count, frames, not prioritized, public)
+        return stored, cls(count, frames, not prioritized, public, rows)
 
     def columns(self) -> List[Column]:
         """The public columns as Column objects (what add takes, N-step's view)."""
         return [Column(name, dtype, shape) for name, shape, dtype in self.public]
 
     def to_meta(self) -> Dict[str, Any]:
-        return {"count": self.count, "uniform": self.uniform,
+        return {"count": self.count, "uniform": self.uniform, "rows": self.rows,
                 "frames": [{"name": f.name, "stack": f.stack, "next": f.next} for f in self.frames],
                 "public": [{"name": name, "shape": list(shape), "dtype": dtype.str}
                            for name, shape, dtype in self.public]}
@@ -249,7 +276,10 @@ class LaneConfig:
                     raise ValueError(f"stored column {column.name!r} is not a public one")
             if set(shapes) != set(by_name) | derived or derived & set(by_name):
                 raise ValueError("public columns do not match the stored ones")
-            config = cls(int(lanes["count"]), frames, bool(lanes["uniform"]), public)
+            rows = int(lanes.get("rows", 0))
+            if rows < 0 or (rows and (int(lanes["count"]) != 1 or not frames)):
+                raise ValueError(f"a row bound of {rows}")
+            config = cls(int(lanes["count"]), frames, bool(lanes["uniform"]), public, rows)
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ValueError(f"{location!r} is not a valid cpprb_ray buffer: unreadable lanes "
                              f"({error})") from None
@@ -267,7 +297,8 @@ class LaneConfig:
     def check_lane_size(self, capacity: int, location: str) -> None:
         stack_max = max([f.stack for f in self.frames] + [1])
         needed = MIN_LANE_SLOTS * stack_max if self.frames else 1
-        if capacity // self.count < needed:
+        if capacity // self.count < needed or (self.rows and capacity != bounded_slots(
+                self.rows, stack_max)):
             raise ValueError(f"{location!r} is not a valid cpprb_ray buffer: lanes of "
                              f"{capacity // self.count} slots for stacks of {stack_max}")
 
@@ -295,6 +326,11 @@ class LaneWriter:
         self._store_order = [(c.name, c.name in self._framed) for c in stored]
 
     staged = None
+
+    @property
+    def size(self) -> int:
+        """Rows the buffer keeps (a bounded lane's `rows`, cpprb's size; else its slots)."""
+        return self._config.rows or self._capacity
 
     @property
     def public(self) -> List[Tuple[str, Tuple[int, ...], np.dtype]]:
@@ -326,10 +362,32 @@ class LaneWriter:
             return False
         return bool(self._store.generation_at(int(slots[0])) != generations[0])
 
+    @property
+    def rows(self) -> int:
+        """The most rows a bounded lane keeps (cpprb's size), or 0."""
+        return self._config.rows
+
+    def numbered_rows(self, room: int, since_clear: int) -> Tuple[Dict[str, np.ndarray],
+                                                                   np.ndarray]:
+        """A bounded lane's live rows (at most `room`) and each one's number as cpprb counts
+        (rows added since the last clear, modulo the bound: its ring index), from the `since
+        _clear` rows added. The lane keeps its newest rows in ring order, oldest at its head.
+        (Read in three steps: exact while no add runs meanwhile.)"""
+        rows, slots = self._lanes.all_rows(room, True)
+        head = int(self._lanes.lane_next_slots()[0])
+        age = np.argsort((slots - head) % self._capacity, kind="stable")
+        count = len(slots)
+        numbers = np.empty(count, dtype=np.int64)
+        numbers[age] = (since_clear - count + np.arange(count)) % self._config.rows
+        return rows, numbers
+
     def next_slot(self) -> int:
         """The slot this handle's next add writes first: its lane's next slot; before its
         first add, that of the lane it would claim now (the lowest free one, or lane 0 when
-        none is free: its add then takes a dead owner's lane or raises LaneError)."""
+        none is free: its add then takes a dead owner's lane or raises LaneError). In a bounded
+        lane (cpprb's next_of / stack_compress), the next row's number as cpprb counts rows."""
+        if self._config.rows:
+            return int(self._store.rows_since_clear) % self._config.rows
         lane = self.lane
         if lane is None:
             free = np.flatnonzero(self._lanes.lane_owners()[:, 0] == 0)
@@ -380,7 +438,9 @@ class LaneWriter:
         ring's, its later rows overwrite its earlier ones."""
         stack_max = max([f.stack for f in self._config.frames] + [1])
         worst = 2 * stack_max if self._config.frames else 1
-        return max(1, (self._capacity // self._config.count) // worst)
+        chunk = max(1, (self._capacity // self._config.count) // worst)
+        # A bounded lane keeps its newest `rows`: a piece of more would evict its own rows.
+        return min(chunk, self._config.rows) if self._config.rows else chunk
 
     def add(self, columns: Dict[str, Any], priorities: Any, timeout: Optional[float], *,
             incomplete: bool = False, out: Optional[Tuple[np.ndarray, np.ndarray]] = None,
@@ -400,7 +460,12 @@ class LaneWriter:
         staged = {column.name: array for column, array in zip(self.columns, arrays)}
         if priorities is not None:
             priorities = _rules.real_vector(priorities, count, "priorities")
-        return self._write(staged, count, priorities, timeout, False, None)
+        if not self._config.rows:
+            return self._write(staged, count, priorities, timeout, False, None)
+        # A bounded lane answers with its first row's number as cpprb counts rows.
+        before = self.next_slot()
+        self._write(staged, count, priorities, timeout, False, None)
+        return before
 
     def _write(self, staged: Dict[str, np.ndarray], count: int, priorities: Any,
                timeout: Optional[float], incomplete: bool,
@@ -451,21 +516,9 @@ class LaneWriter:
             None if weights is None else np.ascontiguousarray(weights, dtype=np.float64)))
 
 
-class LaneSampler:
-    """The lanes' sampler: rows drawn through the tree (a uniform laned buffer weighs each row
-    1), their frame stacks rebuilt from the planes of the slots before them in their lane."""
-
-    def __init__(self, lanes: Any) -> None:
-        self.sample = lanes.sample
-        self.all_rows = lanes.all_rows
-        self.update = lanes.store.update
-
-
 def lane_store(store: Any, layout: Any, config: LaneConfig, location: str) -> Any:
     """The LaneStore of a laned layout over `store`: its lane table and frame columns bound,
     checked against the segment once more."""
-    from cpprb_ray._lanestore import LaneStore
-
     config.check_lane_size(layout.capacity, location)
     return LaneStore(store, layout.meta["lanes"]["offset"], config.count,
-                     config.store_specs(layout.columns), config.public)
+                     config.store_specs(layout.columns), config.public, config.rows)

@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cpprb_ray import _layout, _rules
+from cpprb_ray import _compat, _layout, _rules
 from cpprb_ray._store import NeverAdmitted
 
 __all__ = ["DISCOUNTS", "DONE", "LaneSink", "NstepConfig", "NstepStaging", "NstepWriter",
@@ -59,6 +59,7 @@ __all__ = ["DISCOUNTS", "DONE", "LaneSink", "NstepConfig", "NstepStaging", "Nste
 
 DISCOUNTS = "discounts"   # the column this module adds: g**m per row
 DONE = "done"             # the terminated flag, as in cpprb
+DEFAULT_GAMMA = 0.99      # cpprb's default discount (its Nstep["gamma"] is optional)
 META_KEY = "nstep"        # where the config lives in the layout JSON's "meta"
 
 _FLOAT32 = np.dtype(np.float32)
@@ -96,6 +97,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_count_fork)
 
 def _keys(spec: Mapping[str, Any], field: str) -> Tuple[str, ...]:
+    if field not in spec:
+        return ()   # cpprb's N-step without rewards (or without next columns): none summed
     value = spec[field]
     if isinstance(value, str):
         return (value,)
@@ -117,9 +120,9 @@ class NstepConfig:
     gamma : float
         The discount, in [0, 1].
     rew : tuple of str
-        Columns summed with discounts over the window.
+        Columns summed with discounts over the window (may be empty).
     next : tuple of str
-        Columns taken from the window's last step.
+        Columns taken from the window's last step (may be empty).
 
     Examples
     --------
@@ -142,8 +145,10 @@ class NstepConfig:
     def parse(cls, spec: Any, columns: Sequence[Any]) -> NstepConfig:
         """Validate cpprb's ``Nstep`` dict against the buffer's columns.
 
-        Raises TypeError or ValueError naming the offending key; unlike cpprb, every key is
-        required and must name an existing column of a fitting kind.
+        As in cpprb, ``"size"`` is required, ``"gamma"`` defaults to 0.99 and ``"rew"`` and
+        ``"next"`` may be left out (N-step on observations alone: the done flags and
+        discounts). Raises TypeError or ValueError naming the offending key; unlike cpprb, a
+        key must name an existing column of a fitting kind, and no other key is taken.
 
         Examples
         --------
@@ -159,22 +164,23 @@ class NstepConfig:
         Traceback (most recent call last):
         ...
         ValueError: Nstep['rew'] names 'reward', which is not a column of env_dict ...
+        >>> NstepConfig.parse({"size": 4}, columns).as_dict()
+        {'size': 4, 'gamma': 0.99}
         """
         if not isinstance(spec, Mapping):
             raise TypeError(f"Nstep must be a dict like {{'size': 3, 'gamma': 0.99, 'rew': "
                             f"'rew', 'next': 'next_obs'}}; got {type(spec).__name__}")
         expected = ("size", "gamma", "rew", "next")
-        missing = [key for key in expected if key not in spec]
         unknown = sorted(str(key) for key in spec if key not in expected)
-        if missing or unknown:
-            raise ValueError(f"Nstep needs exactly the keys {list(expected)}; missing {missing}, "
+        if "size" not in spec or unknown:
+            raise ValueError(f"Nstep takes the keys {list(expected)} ('size' required); "
                              f"unknown {unknown}")
         size = spec["size"]
         if isinstance(size, _rules.NOT_NUMBERS) or not isinstance(size, (int, np.integer)):
             raise TypeError(f"Nstep['size'] must be an int; got {type(size).__name__}")
         if size < 1:
             raise ValueError(f"Nstep['size'] must be >= 1; got {size}")
-        gamma = spec["gamma"]
+        gamma = spec.get("gamma", DEFAULT_GAMMA)
         if isinstance(gamma, _rules.NOT_NUMBERS) or not isinstance(
                 gamma, (int, float, np.integer, np.floating)):
             raise TypeError(f"Nstep['gamma'] must be a real number; got {type(gamma).__name__}")
@@ -235,7 +241,8 @@ class NstepConfig:
                             f"{done.shape}, dtype {done.dtype}")
 
     def as_dict(self) -> Dict[str, Any]:
-        """The config as cpprb's ``Nstep`` dict (lists of column names).
+        """The config as cpprb's ``Nstep`` dict (lists of column names; ``rew`` and ``next``
+        only where they name columns).
 
         Examples
         --------
@@ -243,8 +250,11 @@ class NstepConfig:
         >>> NstepConfig(2, 0.5, ("rew",), ("next_obs", "next_act")).as_dict()["next"]
         ['next_obs', 'next_act']
         """
-        return {"size": self.size, "gamma": self.gamma, "rew": list(self.rew),
-                "next": list(self.next)}
+        spec: Dict[str, Any] = {"size": self.size, "gamma": self.gamma}
+        for field, names in (("rew", self.rew), ("next", self.next)):
+            if names:
+                spec[field] = list(names)
+        return spec
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any], columns: Sequence[Any],
@@ -471,6 +481,11 @@ class NstepStaging:
         # made on first use.
         self._row_views: Dict[str, List[Optional[np.ndarray]]] = {
             name: [None] * capacity for name in storage}
+
+    @property
+    def full_discount(self) -> float:
+        """gamma**n: the discount of a row whose window has all n steps."""
+        return float(self._powers[self._size])
 
     @property
     def staged(self) -> int:
@@ -948,9 +963,11 @@ class LaneSink(RingSink):
         """The rows of `slots` get their n-step columns and their next stacks (those ending at
         `last_slots`), admitted by a rate limiter as one add; the first row's slot, None when
         no row could be completed."""
+        # A bounded lane (cpprb's next_of / stack_compress) answers with cpprb's row number.
+        before = self._writer.next_slot() if self._writer.rows else int(slots[0])
         done = self._writer.complete(rows, priorities, weights, slots, generations, last_slots,
                                      last_generations, timeout)
-        return int(slots[0]) if done else None
+        return before if done else None
 
 
 class NstepWriter:
@@ -987,9 +1004,16 @@ class NstepWriter:
             timeout: Optional[float]) -> Optional[int]:
         return self._staging.add(self._sink, values, priorities, timeout)
 
-    def add_rows(self, rows: Dict[str, np.ndarray], timeout: Optional[float]) -> None:
-        """Finished transitions (a transitions file's), committed as they are."""
-        self._base.add(rows, None, timeout)
+    @property
+    def size(self) -> int:
+        return int(self._base.size)
+
+    def add_rows(self, transitions: Dict[str, np.ndarray], file: Any,
+                 timeout: Optional[float]) -> None:
+        """Finished transitions (the transitions `file`'s), committed as they are, with the
+        columns the writer below takes (a laned buffer's: into this handle's lane)."""
+        self._base.add(_compat.nstep_rows(transitions, self.columns, file,
+                                          self._staging.full_discount), None, timeout)
 
     def end_episode(self, timeout: Optional[float]) -> None:
         self._staging.flush(self._sink, timeout)

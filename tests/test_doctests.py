@@ -11,11 +11,10 @@ import doctest
 import importlib
 import importlib.util
 import inspect
-
-import pytest
-
 import pkgutil
 from importlib.machinery import EXTENSION_SUFFIXES
+
+import pytest
 
 import cpprb_ray
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from cpprb_ray import _rules
 from cpprb_ray._outputs import SampleOutputs
+from cpprb_ray.remote import _proxy
 
 NAMESPACE = "cpprb_ray"        # the proxy actors' Ray namespace, whatever the job's
 PING_SECONDS = 1.0             # how often a waiting call checks that its actor is alive
@@ -140,8 +141,6 @@ class RemoteStore:
         """Find the buffer's proxy, or start it on the owner's node."""
         ray = self._ray_or_fail()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from cpprb_ray.remote import _proxy
 
         self._actor = _proxy.proxy_class(ray).options(
             name=proxy_name(self.backend, self.location, self.token), namespace=NAMESPACE,
@@ -299,15 +298,15 @@ class RemoteStore:
             return 0
         assert self._queue is not None and self._queue_priorities is not None
         arrays = [queue[:count] for queue in self._queue]
-        priorities = self._queue_priorities[:count]
-        if np.isnan(priorities).all():
-            priorities = None
+        given: Optional[np.ndarray] = self._queue_priorities[:count]
+        if given is not None and np.isnan(given).all():
+            given = None
         # The queue is handed over (Ray serializes it before .remote returns); the next add
         # starts a new one, and a failed flush drops these rows, as the docs say.
         self._queue = None
         self._queue_priorities = None
         self._queued = 0
-        self._call("add", arrays, priorities, timeout)
+        self._call("add", arrays, given, timeout)
         return count
 
     def flush(self, timeout: Optional[float] = None) -> int:
