@@ -4,9 +4,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import final
 
 from cpprb_ray._store import ReplayStore
 
+@final
 class LaneStore:
     store: ReplayStore
     def __init__(

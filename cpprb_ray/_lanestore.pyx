@@ -8,6 +8,7 @@ the slots, each slot's links telling whether it holds one (the lane part's hooks
 view, which the store's own kernels, update and clear among them, reach without knowing lanes).
 """
 
+cimport cython
 from cpython.buffer cimport PyBuffer_Release
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -82,6 +83,8 @@ cdef int64_t lane_release_kernel(StoreView* view, void* arguments) noexcept nogi
     return lanes_release(view, <int64_t>a[0], a[1])
 
 
+@cython.final
+@cython.auto_pickle(False)
 cdef class LaneStore:
     """The lane part of `store`: claims and releases lanes, adds a writer's transitions to its
     lane, completes N-step rows, samples rows with their stacks rebuilt."""

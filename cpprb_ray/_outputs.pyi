@@ -3,7 +3,9 @@
 from typing import Any, Dict, List, Sequence
 
 import numpy.typing as npt
+from typing_extensions import final
 
+@final
 class SampleOutputs:
     names: tuple[str, ...]
     count: int

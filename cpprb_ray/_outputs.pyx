@@ -16,6 +16,7 @@ Traceback (most recent call last):
 ValueError: out['obs'] must be a writable C-contiguous float32 array of shape (3, 2); got ...
 """
 
+cimport cython
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
 from cpython.bytes cimport PyBytes_AS_STRING
@@ -52,6 +53,8 @@ def _format_of(dtype):
         return None
 
 
+@cython.final
+@cython.auto_pickle(False)
 cdef class SampleOutputs:
     """The outputs of a sampler: `names`, `shapes` and `dtypes` of its columns, then "indexes"
     (int64), "weights" (float32; with `weights`) and "generations" (uint64)."""
