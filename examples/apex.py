@@ -239,10 +239,14 @@ class Progress:
         self.episodes.sort()
         self.rows_added = sum(report["rows_added"] for report in reports)
         if final:
+            if self.bar is not None:  # the seconds run, drawn once by close()
+                self.bar.n = min(int(now - self.start), self.bar.total)
             return
         last = self.history[-1] if self.history else {"t": 0.0, "rows": 0, "samples": 0}
         elapsed = now - self.start
-        span = max(elapsed - last["t"], 1e-9)
+        span = elapsed - last["t"]
+        if span < 0.5:  # the first report, at the start: no rate over nothing
+            return
         point = {"t": elapsed, "rows": self.rows_added, "samples": samples,
                  "add_rate": (self.rows_added - last["rows"]) / span,
                  "sample_rate": (samples - last["samples"]) / span}
@@ -280,7 +284,7 @@ class Progress:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        figure, (returns_axis, rate_axis) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+        figure, (returns_axis, rate_axis) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
         times = np.array([end - self.start for end, _, _ in self.episodes])
         returns = np.array([ret for _, ret, _ in self.episodes])
         if times.size:
@@ -298,17 +302,18 @@ class Progress:
                              label=f"solved: mean of last {RECENT_EPISODES} >= "
                                    f"{SOLVED_RETURN:g}")
         returns_axis.set_ylabel("return")
-        returns_axis.legend(loc="upper left", fontsize="small")
+        # Legends right of the panels: inside, they covered episodes.
+        returns_axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         history_t = [p["t"] for p in self.history]
         rate_axis.plot(history_t, [p["add_rate"] for p in self.history], label="rows added/s")
         rate_axis.plot(history_t, [p["sample_rate"] for p in self.history],
                        label="rows sampled/s")
         rate_axis.set_xlabel("seconds")
         rate_axis.set_ylabel("rows per second")
-        rate_axis.legend(loc="upper left", fontsize="small")
+        rate_axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         returns_axis.set_title(title)
         figure.tight_layout()
-        figure.savefig(path, dpi=100)
+        figure.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(figure)
 
 
@@ -415,7 +420,9 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                 reports = ray.get([actor.report.remote() for actor in actors])
                 progress.update(reports, samples, learner.steps, rb.get_stored_size(),
                                 rb.get_buffer_size())
-                next_report = now + 1.0
+                # A second from the end of this report (which can take a while on a loaded
+                # machine), so that every rate is over about a second, never a sliver.
+                next_report = time.time() + 1.0
                 if args.stop_when_solved and progress.solved_at() is not None:
                     break
             if now >= deadline:
