@@ -94,6 +94,9 @@ QUICK_PROMISE_S = 360
 QUICK_ESTIMATE_S = {"cpprb": 25, "rllib": 15, "tianshou": 45, "torchrl": 30, "reverb": 90,
                     "apex": 25, "multi_node": 35, "frames": 20, "writers": 100}
 
+#: What --sections can name: the groups, then the other benchmarks.
+SECTIONS = tuple(workloads.GROUPS) + ("apex", "multi_node", "frames", "writers")
+
 #: The peer groups' venvs (``make bench-peers``), found by discover_pythons().
 PEER_VENVS = ("tianshou", "torchrl", "reverb")
 
@@ -293,6 +296,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--peer-python", action="append", default=[], metavar="NAME=PATH",
                         help="run group NAME (cpprb, rllib, tianshou, torchrl, reverb) under "
                              "this interpreter; repeatable")
+    parser.add_argument("--sections", nargs="+", metavar="NAME", choices=SECTIONS,
+                        help=f"run only these (default: all): {', '.join(SECTIONS)}")
+    parser.add_argument("--exponents", type=int, nargs="+", metavar="E",
+                        help="capacities 2^E to measure instead of the plan's (every library "
+                             "is then filled to them, Reverb included)")
     parser.add_argument("--seed", type=int, default=0, help="seed of all random inputs")
     # For the tests: 2^10 only, tiny budgets, no other benchmarks, no venv discovery.
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
@@ -304,11 +312,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 def plan_of(args: argparse.Namespace) -> Tuple[Dict[str, Any], List[workloads.Case]]:
     """The time budgets and the cases of this run."""
     if args.smoke:
-        return SMOKE, workloads.grid((10,), (256,), workloads.WARMTHS, workloads.OPERATIONS,
-                                     ("learner step",))
-    if args.quick:
-        return QUICK, workloads.quick_grid()
-    return FULL, workloads.full_grid()
+        plan, cases = SMOKE, workloads.grid((10,), (256,), workloads.WARMTHS,
+                                            workloads.OPERATIONS, ("learner step",))
+    elif args.quick:
+        plan, cases = QUICK, workloads.quick_grid()
+    else:
+        plan, cases = FULL, workloads.full_grid()
+    if args.exponents:
+        plan = dict(plan, kind="chosen")  # no fill limit: the capacities were asked for
+        cases = [case._replace(exponent=exponent) for exponent in args.exponents
+                 for case in cases if case.exponent == cases[0].exponent]
+    return plan, cases
 
 
 def progress_bar(total: int):
@@ -324,14 +338,16 @@ class Budget:
     """What --quick promises: a section starts only if its estimate fits in what is left, and
     is given no more than what is left; without --quick, every section runs to its timeout."""
 
-    def __init__(self, quick: bool, started: float):
-        self.quick, self.started = quick, started
+    def __init__(self, quick: bool, started: float, sections: Optional[List[str]] = None):
+        self.quick, self.started, self.sections = quick, started, sections
 
     def left(self) -> float:
         return QUICK_PROMISE_S - (time.perf_counter() - self.started)
 
     def why_not(self, section: str) -> str:
         """"" when `section` may start, else why it is skipped."""
+        if self.sections and section not in self.sections:
+            return "not asked for (--sections)"
         if not self.quick:
             return ""
         estimate, left = QUICK_ESTIMATE_S.get(section, 30), self.left()
@@ -350,7 +366,7 @@ def main(argv=None) -> int:
     """Run every group and every other benchmark, write the report; returns the exit status."""
     args = parse_args(argv)
     started = time.perf_counter()
-    budget = Budget(args.quick, started)
+    budget = Budget(args.quick, started, args.sections)
     plan, cases = plan_of(args)
     pythons = {group: sys.executable for group in workloads.GROUPS}
     if not args.smoke:
