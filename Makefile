@@ -275,15 +275,15 @@ wheel-check:
 # ---------------------------------------------------------------------------------------------
 # Peer libraries for the benchmarks, each in its own venv because their pins differ; each also
 # gets cpprb and this package (editable, extensions built in place as for .venv), so that one
-# process can interleave calls to all three. What they download from PyPI:
-#   .venv-tianshou  tianshou 2.0.1 on torch 2.13.0: the CPU-only wheel from $(TORCH_WHEELS)
-#                   when that folder holds it (~200 MB), else PyPI's torch (~5 GB with its CUDA
-#                   packages; it runs on the CPU all the same)
-#   .venv-torchrl   TorchRL 0.14.1 and tensordict 0.14.3 on torch 2.14.1 (TorchRL's C++ segment
-#                   tree is built for 2.14: it does not load on 2.13). PyPI has no CPU-only
-#                   torch 2.14.1, so ~5 GB; TORCH_INDEX=<PyTorch's CPU wheel index> takes the
-#                   CPU-only 2.14.1 wheel from there (~200 MB) where that index can be reached
-#   .venv-reverb    dm-reverb 0.14.0 with tensorflow-cpu 2.15.0 and numpy < 2 (1.3 GB installed: Reverb's
+# process can interleave calls to all three. What they take from PyPI (installed sizes):
+#   .venv-tianshou  tianshou 2.0.1 on torch 2.13.0: 1.5 GB with the CPU-only torch wheel from
+#                   $(TORCH_WHEELS) when that folder holds it, else PyPI's torch with its CUDA
+#                   packages (about 5 GB more; it runs on the CPU all the same)
+#   .venv-torchrl   TorchRL 0.14.1 and tensordict 0.14.3 on torch 2.14.1: 5.5 GB (TorchRL's C++
+#                   segment tree is built for 2.14 and does not load on 2.13; PyPI has no
+#                   CPU-only 2.14.1). TORCH_INDEX=<PyTorch's CPU wheel index> takes the CPU-only
+#                   wheel from there instead, where that index can be reached
+#   .venv-reverb    dm-reverb 0.14.0 with tensorflow-cpu 2.15.0 and numpy < 2: 1.3 GB (Reverb's
 #                   last release, built for TensorFlow 2.15)
 # Then:
 #     .venv-tianshou/bin/python benchmarks/bench_buffer.py

@@ -267,17 +267,18 @@ def extra_commands(quick: bool, work_dir: str, pythons: Dict[str, str]
 
 EPILOG = """\
 peers: `make bench-peers` makes one venv per peer, each with cpprb and this package built in
-place, downloading from PyPI:
-  .venv-tianshou  tianshou 2.0.1 on torch 2.13.0: ~200 MB with the CPU-only torch wheel in the
-                  Makefile's TORCH_WHEELS folder, else PyPI's torch with its CUDA packages
-                  (~5 GB; it runs on the CPU all the same)
-  .venv-torchrl   TorchRL 0.14.1, tensordict 0.14.3 on torch 2.14.1: ~5 GB from PyPI (no
-                  CPU-only 2.14.1 there); TORCH_INDEX=<PyTorch's CPU wheel index> make
-                  bench-peers takes its CPU-only wheel instead (~200 MB)
-  .venv-reverb    dm-reverb 0.14.0, tensorflow-cpu 2.15.0, numpy < 2 (1.3 GB installed)
-So about 6.5 GB in all, about 2 GB with CPU-only torch wheels. cpprb and Ray (RLlib's tree)
-come with `make venv`. A peer that is missing is skipped and the report says how to get it.
-Durations on a quiet 2-core machine: --quick under 6 minutes, the full run about 45 minutes.
+place, downloading from PyPI (sizes: installed, as measured here):
+  .venv-tianshou  tianshou 2.0.1 on torch 2.13.0: 1.5 GB with the CPU-only torch wheel from
+                  the Makefile's TORCH_WHEELS folder; without it PyPI's torch and its CUDA
+                  packages, about 5 GB more (it runs on the CPU all the same)
+  .venv-torchrl   TorchRL 0.14.1, tensordict 0.14.3 on torch 2.14.1: 5.5 GB, most of it CUDA
+                  packages (PyPI has no CPU-only 2.14.1; TorchRL's C++ tree does not load on
+                  2.13); TORCH_INDEX=<PyTorch's CPU wheel index> make bench-peers takes the
+                  CPU-only wheel from there instead, where that index can be reached
+  .venv-reverb    dm-reverb 0.14.0, tensorflow-cpu 2.15.0, numpy < 2: 1.3 GB
+cpprb and Ray (RLlib's tree) come with `make venv`. A peer that is missing is skipped and
+the report says how to get it. Durations on a quiet 2-core machine: --quick under 6 minutes,
+the full run about 45 minutes.
 """
 
 
