@@ -9,7 +9,7 @@
 #   make lint         ruff, mypy, stubtest and cython-lint
 #   make docs         the documentation site, docs/_build/html (sphinx -W: a warning fails it)
 #   make bench-peers  .venv-tianshou, .venv-torchrl, .venv-reverb: the benchmarks' peers
-#   make compare      benchmarks/compare.py against every peer (COMPARE_FLAGS=--quick: < 6 min)
+#   make compare      benchmarks/compare.py against every peer (COMPARE_FLAGS=--quick: < 7 min)
 #   make clean        build outputs;  make distclean: also every .venv*
 #
 # Virtual environments live in the repository (.venv*/ is gitignored):

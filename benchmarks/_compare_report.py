@@ -238,11 +238,11 @@ def markdown(payload: Dict[str, Any], detail: bool) -> str:
 def plot_name(operation: str) -> str:
     """The PNG of an operation.
 
-    >>> plot_name("learner step"), plot_name("add(64)")
-    ('learner_step.png', 'add_64.png')
+    >>> plot_name("learner step"), plot_name("add(64)"), plot_name("add(1) with a priority")
+    ('learner_step.png', 'add_64.png', 'add_1_with_a_priority.png')
     """
     slug = "".join(ch if ch.isalnum() else "_" for ch in operation).strip("_")
-    return f"{slug}.png"
+    return "_".join(part for part in slug.split("_") if part) + ".png"
 
 
 def plots(payload: Dict[str, Any], out_dir: str) -> Tuple[List[str], str]:

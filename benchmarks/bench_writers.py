@@ -4,7 +4,7 @@ Run from the repository root (cpprb_ray built in place, e.g. by ``make venv``)::
 
     .venv-reverb/bin/python benchmarks/bench_writers.py            # every library, ~12 minutes
     .venv/bin/python benchmarks/bench_writers.py                   # without Reverb
-    python benchmarks/bench_writers.py --quick                     # ~2 minutes: 2 s per run
+    python benchmarks/bench_writers.py --quick                     # ~1 minute: 2 s per run, 2^16
     python benchmarks/bench_writers.py --writers 0 64 --seconds 20 --rounds 5 --json w.json
 
 The complaint this answers: a learner that slows down as writers are added (one lock between
@@ -70,8 +70,8 @@ LABELS = {"cpprb_ray": "cpprb_ray", "cpprb_ray_apart": "cpprb_ray, writers on an
           "cpprb_mp": "cpprb MPPrioritizedReplayBuffer", "reverb": "Reverb (gRPC clients)"}
 STEADY_FRACTION = 0.9  # of K = 0's steps per second, at the largest K
 P99_FACTOR = 3.0       # of K = 0's p99 step time, at the largest K
-FULL = {"seconds": 10.0, "rounds": 3}
-QUICK = {"seconds": 2.0, "rounds": 1}
+FULL = {"seconds": 10.0, "rounds": 3, "exponent": 18}
+QUICK = {"seconds": 2.0, "rounds": 1, "exponent": 16}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,7 +389,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="runs per library and K (3; 1 quick)")
     parser.add_argument("--rate", type=float, default=1000.0, help="rows/s of each writer")
     parser.add_argument("--batch", type=int, default=16, help="rows per writer add")
-    parser.add_argument("--exponent", type=int, default=18, help="capacity 2^E rows")
+    parser.add_argument("--exponent", type=int, help="capacity 2^E rows (18; 16 quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="2 s per run, 1 round")
     parser.add_argument("--json", metavar="PATH", help="write settings and every run as JSON")
@@ -397,6 +397,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     plan = QUICK if args.quick else FULL
     args.seconds = plan["seconds"] if args.seconds is None else args.seconds
     args.rounds = plan["rounds"] if args.rounds is None else args.rounds
+    args.exponent = plan["exponent"] if args.exponent is None else args.exponent
     if min(args.writers) < 0 or args.seconds <= 0 or args.rounds < 1 or args.rate <= 0 \
             or args.batch < 1:
         parser.error("--writers >= 0, --seconds > 0, --rounds >= 1, --rate > 0, --batch >= 1")

@@ -3,7 +3,7 @@
 Run from the repository root (cpprb_ray built in place, e.g. by ``make venv``)::
 
     make bench-peers                                   # once: the peers' venvs (see below)
-    python benchmarks/compare.py --quick               # under 6 minutes, every section
+    python benchmarks/compare.py --quick               # under 7 minutes, every section
     python benchmarks/compare.py --out DIR             # the full grid (about 45 minutes)
     make compare COMPARE_FLAGS=--quick                 # the same, with make bench-peers' venvs
 
@@ -87,12 +87,17 @@ SMOKE = {"kind": "quick", "budget_s": 0.01, "min_rounds": 3, "max_rounds": 20,
 GROUP_TIMEOUT_S = {True: 600, False: 4 * 3600}
 EXTRA_TIMEOUT_S = {True: 240, False: 3600}
 
-#: What --quick promises: every section within this many seconds on a quiet 2-core machine.
-QUICK_PROMISE_S = 360
+#: What --quick promises: every section within this many seconds on a quiet 2-core machine,
+#: the report (tables and plots) included: the sections get all but REPORT_RESERVE_S of it.
+QUICK_PROMISE_S = 420
+REPORT_RESERVE_S = 30
+#: How long a benchmark stopped at its timeout gets to clean up (SIGINT) before SIGKILL.
+STOP_GRACE_S = 20
 #: Each --quick section's duration on a quiet 2-core machine, seconds (a section starts only if
-#: this fits in what is left of the promise): measured, with some margin.
-QUICK_ESTIMATE_S = {"cpprb": 25, "rllib": 15, "tianshou": 45, "torchrl": 30, "reverb": 90,
-                    "apex": 25, "multi_node": 35, "frames": 20, "writers": 100}
+#: this fits in what is left): from runs at load average 6 to 7 (cpprb 9, rllib 13, tianshou
+#: 64, torchrl 33, reverb 139, apex 55 s), scaled down, with a margin.
+QUICK_ESTIMATE_S = {"cpprb": 10, "rllib": 12, "tianshou": 45, "torchrl": 28, "reverb": 85,
+                    "apex": 40, "multi_node": 45, "frames": 20, "writers": 75}
 
 #: What --sections can name: the groups, then the other benchmarks.
 SECTIONS = tuple(workloads.GROUPS) + ("apex", "multi_node", "frames", "writers")
@@ -216,8 +221,14 @@ def run_extra(name: str, command: List[str], json_path: str, timeout_s: float
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+        # SIGINT first: the benchmark's own cleanup runs (bench_apex.py --remote ends the Ray
+        # nodes it started, which live in sessions of their own); SIGKILL what is left.
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
         record["skipped"] = f"did not finish within {timeout_s:.0f} s (stopped)"
         return record
     record["wall_s"] = time.perf_counter() - started
@@ -277,7 +288,7 @@ place, downloading from PyPI (sizes: installed, as measured here):
                   CPU-only wheel from there instead, where that index can be reached
   .venv-reverb    dm-reverb 0.14.0, tensorflow-cpu 2.15.0, numpy < 2: 1.3 GB
 cpprb and Ray (RLlib's tree) come with `make venv`. A peer that is missing is skipped and
-the report says how to get it. Durations on a quiet 2-core machine: --quick under 6 minutes,
+the report says how to get it. Durations on a quiet 2-core machine: --quick under 7 minutes,
 the full run about 45 minutes.
 """
 
@@ -343,7 +354,8 @@ class Budget:
         self.quick, self.started, self.sections = quick, started, sections
 
     def left(self) -> float:
-        return QUICK_PROMISE_S - (time.perf_counter() - self.started)
+        """Seconds the sections may still take."""
+        return QUICK_PROMISE_S - REPORT_RESERVE_S - (time.perf_counter() - self.started)
 
     def why_not(self, section: str) -> str:
         """"" when `section` may start, else why it is skipped."""
@@ -354,13 +366,16 @@ class Budget:
         estimate, left = QUICK_ESTIMATE_S.get(section, 30), self.left()
         if estimate <= left:
             return ""
-        return (f"not started: --quick promises {QUICK_PROMISE_S} s in all and {left:.0f} s "
-                f"were left, this section takes about {estimate} s (the machine is slower "
-                f"than a quiet 2-core one, or the sections before took longer; run it alone "
-                f"or without --quick)")
+        return (f"not started: --quick promises {QUICK_PROMISE_S} s in all and "
+                f"{max(0.0, left):.0f} s were left for it, it takes about {estimate} s (the "
+                f"machine is slower than a quiet 2-core one, or the sections before took "
+                f"longer; run it alone: --quick --sections {section})")
 
     def timeout(self, default: float) -> float:
-        return default if not self.quick else max(1.0, min(default, self.left()))
+        """A section's timeout: `default`, or with --quick what is left (less the grace a
+        stopped benchmark gets to clean up)."""
+        return default if not self.quick else max(1.0, min(default,
+                                                           self.left() - STOP_GRACE_S))
 
 
 def main(argv=None) -> int:

@@ -129,10 +129,12 @@ def test_quick_budget_skips_a_section_that_does_not_fit_and_says_why(monkeypatch
     from benchmarks import compare
 
     budget = compare.Budget(quick=True, started=0.0)
-    monkeypatch.setattr(compare.time, "perf_counter", lambda: compare.QUICK_PROMISE_S - 10.0)
+    spent = compare.QUICK_PROMISE_S - compare.REPORT_RESERVE_S - 50.0
+    monkeypatch.setattr(compare.time, "perf_counter", lambda: spent)
     why = budget.why_not("reverb")
-    assert why.startswith("not started: --quick promises") and "10 s were left" in why
-    assert budget.timeout(600) == pytest.approx(10.0)
+    assert why.startswith("not started: --quick promises") and "50 s were left" in why
+    assert "--quick --sections reverb" in why
+    assert budget.timeout(600) == pytest.approx(50.0 - compare.STOP_GRACE_S)
     monkeypatch.setattr(compare.time, "perf_counter", lambda: 0.0)
     assert budget.why_not("reverb") == ""
     assert compare.Budget(quick=False, started=0.0).why_not("reverb") == ""
