@@ -25,8 +25,11 @@ before the clock starts):
 - ``cpprb_ray``: our PrioritizedReplayBuffer, the handle passed to every child (it pickles by
   name and re-attaches); writers ``add(priorities=p, **rows)``, the learner ``sample(256, 0.4)``
   and ``update_priorities(indexes, priorities)``;
-- ``cpprb_ray_apart``: the same, but the writers add to a buffer of their own: what the
-  learner loses to sharing the CPU alone, without sharing a lock (the control);
+- ``cpprb_ray_paired``: the control, what the lock costs: the learner alternates step by step
+  between the writers' buffer and a second, identical buffer that no one writes to, each step
+  timed on its own. Both kinds of step run at the same moments, under the same writers taking
+  the same CPU; only the first shares a lock with them. The report gives the first kind's
+  figures on the line, and the second's p50 and p99 beside them;
 - ``cpprb_mp``: cpprb's ``MPPrioritizedReplayBuffer(..., ctx=ctx, backend="SharedMemory")``,
   built for exactly this (many explorers, one learner), the same calls;
 - ``reverb``: a Reverb server in a process of its own (benchmarks/_reverb.py); the learner a
@@ -65,8 +68,9 @@ else:  # run as a script: this file's folder is sys.path[0]
 
 BATCH = 256
 POOL = 256  # pre-drawn inputs per process, cycled
-LIBRARIES = ("cpprb_ray", "cpprb_ray_apart", "cpprb_mp", "reverb")
-LABELS = {"cpprb_ray": "cpprb_ray", "cpprb_ray_apart": "cpprb_ray, writers on another buffer",
+LIBRARIES = ("cpprb_ray", "cpprb_ray_paired", "cpprb_mp", "reverb")
+LABELS = {"cpprb_ray": "cpprb_ray",
+          "cpprb_ray_paired": "cpprb_ray, alternating with an untouched buffer",
           "cpprb_mp": "cpprb MPPrioritizedReplayBuffer", "reverb": "Reverb (gRPC clients)"}
 STEADY_FRACTION = 0.9  # of K = 0's steps per second, at the largest K
 P99_FACTOR = 3.0       # of K = 0's p99 step time, at the largest K
@@ -98,9 +102,15 @@ def _rusage() -> Tuple[float, int, int]:
 
 
 def learner(library: str, handle: Any, seconds: float, seed: int, barrier, results) -> None:
-    """Learner steps for `seconds` after the barrier; puts its step times and counters."""
+    """Learner steps for `seconds` after the barrier; puts its step times and counters.
+
+    `handle`: the buffer (or Reverb's address); for cpprb_ray_paired a pair (the writers'
+    buffer, an untouched one), stepped on in turn and timed apart."""
     rng = np.random.default_rng(seed)
     priorities = [common.random_priorities(rng, BATCH) for _ in range(POOL)]
+    untouched = None
+    if library == "cpprb_ray_paired":
+        handle, untouched = handle
     stats = getattr(handle, "stats", None)
     if library == "reverb":
         _reverb = _import_library("reverb")
@@ -117,17 +127,18 @@ def learner(library: str, handle: Any, seconds: float, seed: int, barrier, resul
             weights(sample.info, common.BETA)
             mutate(table, dict(zip(sample.info.key, priorities[k % POOL])))
     else:
-        sample, update = handle.sample, handle.update_priorities
-
-        def step(k: int) -> None:
-            update(sample(BATCH, common.BETA)["indexes"], priorities[k % POOL])
+        step = _buffer_step(handle, priorities)
+    other = _buffer_step(untouched, priorities) if untouched is not None else None
     for k in range(20):  # warm up: imports, page mappings, the dataset's first batches
         step(k)
+        if other is not None:
+            other(k)
     gc.collect()
     gc.disable()
     barrier.wait()
     clock = time.perf_counter_ns
     times = np.zeros(1 << 22, np.int64)
+    other_times = np.zeros(len(times) if other is not None else 0, np.int64)
     lock_waits = stats()["lock_waits"] if stats is not None else None
     usage = _rusage()
     start = clock()
@@ -139,6 +150,11 @@ def learner(library: str, handle: Any, seconds: float, seed: int, barrier, resul
         after = clock()
         times[count] = after - now
         now = after
+        if other is not None:
+            other(count)
+            after = clock()
+            other_times[count] = after - now
+            now = after
         count += 1
     usage_after = _rusage()
     record: Dict[str, Any] = {
@@ -148,8 +164,20 @@ def learner(library: str, handle: Any, seconds: float, seed: int, barrier, resul
         "involuntary_switches": usage_after[2] - usage[2]}
     if lock_waits is not None:
         record["lock_waits"] = stats()["lock_waits"] - lock_waits
+    if other is not None:
+        record["untouched_times_ns"] = other_times[:count].tolist()
+        _close(untouched)
     results.put(record)
     _close(handle)
+
+
+def _buffer_step(buffer: Any, priorities: List[np.ndarray]) -> Any:
+    """A learner step of a cpprb or cpprb_ray buffer: sample(256), update of its indexes."""
+    sample, update = buffer.sample, buffer.update_priorities
+
+    def step(k: int) -> None:
+        update(sample(BATCH, common.BETA)["indexes"], priorities[k % POOL])
+    return step
 
 
 def writer(library: str, handle: Any, rate: float, batch: int, seconds: float, seed: int,
@@ -228,9 +256,9 @@ class Buffers:
     def _make(self, library: str, capacity: int, seed: int, rng: np.random.Generator,
               ctx: Any) -> Any:
         module = _import_library(library)
-        if library in ("cpprb_ray", "cpprb_ray_apart"):
+        if library in ("cpprb_ray", "cpprb_ray_paired"):
             made = []
-            for _ in range(2 if library == "cpprb_ray_apart" else 1):
+            for _ in range(2 if library == "cpprb_ray_paired" else 1):
                 buffer = module.PrioritizedReplayBuffer(
                     capacity, common.env_dict(), alpha=common.ALPHA, eps=common.EPS, seed=seed)
                 self.owned.append(buffer)
@@ -250,11 +278,11 @@ class Buffers:
 
     def for_learner(self, library: str) -> Any:
         handle = self.handles[library]
-        return handle[0] if library == "cpprb_ray_apart" else handle
+        return handle if library == "cpprb_ray_paired" else handle  # (writers', untouched)
 
     def for_writers(self, library: str) -> Any:
         handle = self.handles[library]
-        return handle[1] if library == "cpprb_ray_apart" else handle
+        return handle[0] if library == "cpprb_ray_paired" else handle
 
     def close(self) -> None:
         for owned in self.owned:
@@ -315,6 +343,10 @@ def one_run(ctx: Any, buffers: Buffers, library: str, writers: int, args: argpar
            "load_average_1": os.getloadavg()[0]}
     if "lock_waits" in learned:
         run["lock_waits_per_step"] = learned["lock_waits"] / max(steps, 1)
+    if "untouched_times_ns" in learned and steps:
+        untouched = np.asarray(learned["untouched_times_ns"], np.float64) / 1000.0
+        run["untouched_p50_us"] = float(np.median(untouched))
+        run["untouched_p99_us"] = float(np.quantile(untouched, 0.99))
     return run
 
 
@@ -328,7 +360,8 @@ def summarize(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         row: Dict[str, Any] = {"library": library, "writers": writers, "rounds": len(mine)}
         for name in ("learner_steps_per_s", "p50_us", "p99_us", "rows_added_per_s",
                      "rows_wanted_per_s", "learner_cpu_share", "voluntary_switches_per_step",
-                     "involuntary_switches_per_step", "lock_waits_per_step"):
+                     "involuntary_switches_per_step", "lock_waits_per_step",
+                     "untouched_p50_us", "untouched_p99_us"):
             values = [run[name] for run in mine if run.get(name) is not None]
             row[name] = statistics.median(values) if values else None
         rates = [run["learner_steps_per_s"] for run in mine]
@@ -346,13 +379,22 @@ def verdicts(summary: List[Dict[str, Any]], library: str = "cpprb_ray") -> List[
     base, loaded = mine[0], mine[top]
     kept = loaded["learner_steps_per_s"] / base["learner_steps_per_s"]
     grown = loaded["p99_us"] / base["p99_us"]
-    return [
+    lines = [
         f"target {library} learner at K = {top} keeps >= {STEADY_FRACTION:.0%} of its K = 0 "
         f"steps/s: {'met' if kept >= STEADY_FRACTION else 'NOT met'} ({kept:.1%}: "
         f"{loaded['learner_steps_per_s']:,.0f} against {base['learner_steps_per_s']:,.0f})",
         f"target {library} learner's p99 step time at K = {top} within {P99_FACTOR:g}x of "
         f"K = 0's: {'met' if grown <= P99_FACTOR else 'NOT met'} ({grown:.2f}x: "
         f"{loaded['p99_us']:.0f} against {base['p99_us']:.0f} µs)"]
+    paired = next((row for row in summary if row["library"] == "cpprb_ray_paired"
+                   and row["writers"] == top and row.get("untouched_p50_us")), None)
+    if paired is not None:
+        lines.append(
+            f"what the lock costs at K = {top}: a step on the writers' buffer takes "
+            f"{paired['p50_us'] / paired['untouched_p50_us']:.2f}x (p50) and "
+            f"{paired['p99_us'] / paired['untouched_p99_us']:.2f}x (p99) a step on an "
+            f"untouched buffer at the same moments")
+    return lines
 
 
 def table(summary: List[Dict[str, Any]]) -> str:
@@ -365,10 +407,12 @@ def table(summary: List[Dict[str, Any]]) -> str:
                 f"{row['learner_steps_per_s'] / zero['learner_steps_per_s']:.0%}")
         low, high = row["steps_per_s_range"]
         waits = row.get("lock_waits_per_step")
+        untouched = ("-" if row.get("untouched_p50_us") is None else
+                     f"{row['untouched_p50_us']:.0f} / {row['untouched_p99_us']:.0f}")
         lines.append([
             LABELS.get(row["library"], row["library"]), str(row["writers"]),
             f"{row['learner_steps_per_s']:,.0f} [{low:,.0f}–{high:,.0f}]", kept,
-            f"{row['p50_us']:.0f}", f"{row['p99_us']:.0f}",
+            f"{row['p50_us']:.0f}", f"{row['p99_us']:.0f}", untouched,
             f"{row['rows_added_per_s']:,.0f} / {row['rows_wanted_per_s']:,.0f}",
             f"{row['learner_cpu_share']:.2f}",
             f"{row['voluntary_switches_per_step']:.3f} / "
@@ -376,8 +420,9 @@ def table(summary: List[Dict[str, Any]]) -> str:
             "-" if waits is None else f"{waits:.3f}"])
     return common.markdown_table(
         ["library", "K writers", "learner steps/s [range]", "of K = 0", "p50 µs", "p99 µs",
-         "rows added/s / wanted", "learner CPU share", "switches per step: slept / preempted",
-         "lock_waits per step"], lines, "lrrrrrrrrr")
+         "untouched buffer's p50 / p99 µs", "rows added/s / wanted", "learner CPU share",
+         "switches per step: slept / preempted", "lock_waits per step"], lines,
+        "lrrrrrrrrrr")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

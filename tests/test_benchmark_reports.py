@@ -261,16 +261,20 @@ def test_writers_not_judged_without_k_zero():
 
 
 def test_writers_runs_real_processes_and_counts_their_rows(tmp_path):
-    """A real, tiny run: one learner and 2 writers at 2^10 rows for 0.5 s, cpprb_ray only."""
+    """A real, tiny run: one learner and 2 writers at 2^10 rows for 0.5 s, cpprb_ray and its
+    paired control."""
     out = tmp_path / "writers.json"
     done = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "bench_writers.py"), "--writers",
          "0", "2", "--seconds", "0.5", "--rounds", "1", "--exponent", "10", "--rate", "2000",
-         "--libraries", "cpprb_ray", "--json", str(out)],
+         "--libraries", "cpprb_ray", "cpprb_ray_paired", "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     payload = json.loads(out.read_text())
-    runs = {run["writers"]: run for run in payload["runs"]}
+    runs = {run["writers"]: run for run in payload["runs"] if run["library"] == "cpprb_ray"}
+    paired = [run for run in payload["runs"] if run["library"] == "cpprb_ray_paired"]
+    assert len(paired) == 2 and all(0 < run["untouched_p50_us"] <= run["untouched_p99_us"]
+                                    for run in paired)
     assert runs[0]["rows_added_per_s"] == 0 and runs[0]["learner_steps_per_s"] > 0
     # 2 writers at 2000 rows/s in batches of 16 for about 0.5 s: rows came in, at most as
     # many as asked for (plus one batch each of slack at the window's edges).
@@ -278,3 +282,15 @@ def test_writers_runs_real_processes_and_counts_their_rows(tmp_path):
     assert 0 < loaded["rows_added_per_s"] <= 4000 + 2 * 16 / loaded["seconds"]
     assert loaded["lock_waits_per_step"] >= 0 and 0 < loaded["p50_us"] <= loaded["p99_us"]
     assert "target cpprb_ray learner at K = 2" in done.stdout
+
+
+def test_writers_paired_control_says_what_the_lock_costs():
+    run = writers_run("cpprb_ray_paired", 64, 5000.0, 90.0)
+    run.update(untouched_p50_us=20.0, untouched_p99_us=60.0)  # p50 30 µs: 1.5x; p99 1.5x
+    summary = bench_writers.summarize([writers_run("cpprb_ray", 0, 11000.0, 60.0),
+                                       writers_run("cpprb_ray", 64, 10000.0, 90.0), run])
+    lines = bench_writers.verdicts(summary)
+    assert lines[2] == ("what the lock costs at K = 64: a step on the writers' buffer takes "
+                        "1.50x (p50) and 1.50x (p99) a step on an untouched buffer at the same "
+                        "moments")
+    assert "| 30 | 90 | 20 / 60 |" in bench_writers.table(summary)
