@@ -10,6 +10,7 @@
 #   make docs         the documentation site, docs/_build/html (sphinx -W: a warning fails it)
 #   make bench-peers  .venv-tianshou, .venv-torchrl, .venv-reverb: the benchmarks' peers
 #   make compare      benchmarks/compare.py against every peer (COMPARE_FLAGS=--quick: < 7 min)
+#   make cpprb-suite  cpprb's own tests on cpprb and on cpprb_ray (CPPRB_TESTS=its test folder)
 #   make clean        build outputs;  make distclean: also every .venv*
 #
 # Virtual environments live in the repository (.venv*/ is gitignored):
@@ -52,10 +53,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: help venv test test-debug test-asan test37 venv37 wheel-check demo lint docs bench-peers compare clean distclean
+.PHONY: help venv test cpprb-suite test-debug test-asan test37 venv37 wheel-check demo lint docs bench-peers compare clean distclean
 
 help:
-	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------------------------------------
 # .venv: Python 3.11, editable install with the extensions built in place.
@@ -96,7 +97,7 @@ demo: venv
 # ruff and mypy on the Python, stubtest of the .pyi stubs against the built extensions, and
 # cython-lint on the Cython sources.
 lint: venv
-	.venv/bin/ruff check cpprb_ray tests benchmarks examples
+	.venv/bin/ruff check cpprb_ray tests benchmarks examples tools
 	.venv/bin/mypy cpprb_ray
 	.venv/bin/python -m mypy.stubtest cpprb_ray --allowlist .ci/stubtest-allowlist.txt
 	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/cython-lint --max-line-length 100 \
@@ -113,6 +114,13 @@ docs: venv .venv/.docs
 	rm -rf docs/_build/html
 	.venv/bin/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
 	@echo "== docs/_build/html/index.html"
+
+# cpprb's own test files against cpprb and against cpprb_ray through `import cpprb` (a stand-in
+# package re-exporting cpprb_ray, on the path of that run only): the per-file table, and every
+# test that passes on cpprb only with its documented reason (tools/cpprb_suite/run.py). The tests
+# come from CPPRB_TESTS (a checkout's test/ folder), else from cpprb's sdist if it ships them.
+cpprb-suite: venv
+	.venv/bin/python tools/cpprb_suite/run.py $(if $(CPPRB_TESTS),--tests "$(CPPRB_TESTS)")
 
 # ---------------------------------------------------------------------------------------------
 # Debug build: CPPRB_RAY_DEBUG=1 (boundscheck, wraparound, initializedcheck, -O0 -g -UNDEBUG),
