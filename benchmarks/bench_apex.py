@@ -619,12 +619,17 @@ def main(argv=None) -> int:
             print(f"--remote: {why_not}", file=sys.stderr)
             return 2
         cluster = _two_nodes.TwoNodes(path.split(os.pathsep))
-        address = cluster.start()
-        print(f"two-node cluster at {address} (temp dir {cluster.directory})", file=sys.stderr,
-              flush=True)
-        ray.init(address=address, log_to_driver=True,
-                 runtime_env={"env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}})
-        _two_nodes.wait_for_nodes(ray, 2)
+        try:  # stopped (SIGINT: compare.py's timeout) while starting: end the nodes too
+            address = cluster.start()
+            print(f"two-node cluster at {address} (temp dir {cluster.directory})",
+                  file=sys.stderr, flush=True)
+            ray.init(address=address, log_to_driver=True, runtime_env={
+                "env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}})
+            _two_nodes.wait_for_nodes(ray, 2)
+        except BaseException:
+            ray.shutdown()
+            cluster.stop()
+            raise
     else:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}})
