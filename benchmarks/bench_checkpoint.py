@@ -25,7 +25,7 @@ load
 numpy load
     ``np.load`` of the arrays back from their file (into private memory, no buffer made).
 dump
-    ``rb._store.dump()`` alone: how long a save holds the buffer's lock.
+    ``rb._image.dump()`` alone: how long a save holds the buffer's lock.
 
 Both sides read files they have just written, so loads come from the page cache. The table gives
 the median (min) milliseconds and the ratios ours/numpy (below 1: ours is faster).
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
                 cpprb_ray.PrioritizedReplayBuffer.load(ours_file))))
             loaded.pop().close()   # not timed
             times["numpy load"].append(timed(lambda: numpy_load(numpy_file, len(arrays))))
-            times["dump"].append(timed(rb._store.dump))
+            times["dump"].append(timed(rb._image.dump))
         sizes = {"checkpoint_bytes": os.path.getsize(ours_file),
                  "numpy_bytes": os.path.getsize(numpy_file)}
     finally:
