@@ -285,6 +285,17 @@ cdef inline void evict(StoreView* view, int64_t slot) noexcept nogil:
         view.header.stored_size -= 1
 
 
+cdef void refresh_lane_run(StoreView* view, int64_t first, int64_t size, int64_t start,
+                           int64_t count) noexcept nogil:
+    """Refresh the tree over `count` slots of a lane (its first slot `first`, `size` slots)
+    from `start` on (relative to its first), wrapping round its end."""
+    if start + count <= size:
+        tree_refresh_range(&view.tree, first + start, count)
+    else:
+        tree_refresh_range(&view.tree, first + start, size - start)
+        tree_refresh_range(&view.tree, first, start + count - size)
+
+
 cdef void evict_oldest(StoreView* view, int64_t lane, int64_t start,
                        int64_t excess) noexcept nogil:
     """Evict `lane`'s `excess` oldest rows, walking its ring from `start` (relative to its first
@@ -301,11 +312,7 @@ cdef void evict_oldest(StoreView* view, int64_t lane, int64_t start,
             evict(view, slot)
             excess -= 1
         k += 1
-    if start + k <= size:
-        tree_refresh_range(&view.tree, first + start, k)
-    else:
-        tree_refresh_range(&view.tree, first + start, size - start)
-        tree_refresh_range(&view.tree, first, start + k - size)
+    refresh_lane_run(view, first, size, start, k)
 
 
 cdef void write_frames(StoreView* view, uint8_t* record, int64_t delta, int64_t back,
@@ -462,11 +469,7 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
                 view.tree.sums[slot] = unset_leaf()
             k += 1
     # 5. Commit.
-    if head + reach <= size:
-        tree_refresh_range(&view.tree, first + head, reach)
-    else:
-        tree_refresh_range(&view.tree, first + head, size - head)
-        tree_refresh_range(&view.tree, first, head + reach - size)
+    refresh_lane_run(view, first, size, head, reach)
     if a.priorities != NULL:
         for row in range(a.count):
             if a.priorities[row] > max_priority:

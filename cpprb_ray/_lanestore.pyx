@@ -9,7 +9,6 @@ view, which the store's own kernels, update and clear among them, reach without 
 """
 
 cimport cython
-from cpython.buffer cimport PyBuffer_Release
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
 
@@ -18,7 +17,7 @@ from cpprb_ray._lanes cimport (MAX_FRAME_COLUMNS, MAX_STACK, FrameColumn, LaneAd
                                LaneComplete, lane_start, lanes_add, lanes_bind, lanes_claim,
                                lanes_complete, lanes_gather, lanes_live, lanes_release)
 from cpprb_ray._limiter cimport SIDE_INSERT, SIDE_NONE, SIDE_SAMPLE
-from cpprb_ray._outputs cimport SampleOutputs
+from cpprb_ray._outputs cimport OutputCall, SampleOutputs
 from cpprb_ray._rules cimport as_timeout, bytes_of
 from cpprb_ray._segment cimport HEADER_BYTES, Lane
 from cpprb_ray._segtree cimport Xoshiro256
@@ -346,40 +345,33 @@ cdef class LaneStore:
                         int64_t* found):
         cdef ReplayStore store = self.store
         cdef SampleOutputs outputs = self.outputs
-        cdef int count = outputs.count, n = store.columns.count, c, k
+        cdef int n = store.columns.count, c, k
         cdef LaneSample arguments
         cdef FrameColumn frames[MAX_FRAME_COLUMNS]
-        cdef Py_buffer* views
+        cdef OutputCall call
+        # The store's columns get pointers of their own, after the outputs' (a frame column's
+        # is its stack output's: the kernel writes stacks through `frames`).
         cdef uint8_t** pointers
-        cdef int acquired = 0
-        cdef list arrays
-        cdef bint fresh = False
-        _rules.check_batch_fits(batch, self.row_bytes, "batch_size")
-        cdef char* memory = <char*>malloc(count * sizeof(Py_buffer) + n * sizeof(uint8_t*)
-                                          + batch * sizeof(double))
-        if memory == NULL:
-            raise MemoryError(f"batch_size {batch}: no memory for the sample's scratch")
-        views = <Py_buffer*>memory
-        pointers = <uint8_t**>(memory + count * sizeof(Py_buffer))
+        call.block = NULL
         try:
-            arrays = outputs.arrays_for(batch, out, views, &acquired, &fresh)
+            arrays = outputs.begin(&call, batch, self.row_bytes, out, n)
+            pointers = call.pointers + outputs.count
             for c in range(n):
                 k = self.column_outputs[c]
-                pointers[c] = <uint8_t*>views[k].buf if k >= 0 else NULL
+                pointers[c] = call.pointers[k] if k >= 0 else NULL
             for c in range(self.frame_count):
                 frames[c] = self.frame_specs[c]
-                frames[c].out_values = <uint8_t*>views[self.frame_outputs[2 * c]].buf
+                frames[c].out_values = call.pointers[self.frame_outputs[2 * c]]
                 k = self.frame_outputs[2 * c + 1]
-                frames[c].out_nexts = <uint8_t*>views[k].buf if k >= 0 else NULL
+                frames[c].out_nexts = call.pointers[k] if k >= 0 else NULL
             arguments.rng = &store.rng
             arguments.batch = batch
             arguments.beta = beta
-            arguments.scratch = <double*>(memory + count * sizeof(Py_buffer)
-                                          + n * sizeof(uint8_t*))
-            arguments.indexes = <int64_t*>views[outputs.index_at].buf
-            arguments.weights = (<float*>views[outputs.weights_at].buf
+            arguments.scratch = call.scratch
+            arguments.indexes = <int64_t*>call.pointers[outputs.index_at]
+            arguments.weights = (<float*>call.pointers[outputs.weights_at]
                                  if outputs.weights_at >= 0 else NULL)
-            arguments.generations = <uint64_t*>views[outputs.generations_at].buf
+            arguments.generations = <uint64_t*>call.pointers[outputs.generations_at]
             arguments.outputs = pointers
             arguments.frames = frames
             arguments.frame_count = self.frame_count
@@ -390,13 +382,9 @@ cdef class LaneStore:
                 store.run(lane_sample_kernel, &arguments, SIDE_SAMPLE, batch, timeout)
             if found != NULL:
                 found[0] = arguments.batch
-            if fresh:
-                outputs.keep(arrays, batch)
-            return outputs.result_of(arrays)
+            return outputs.finish(&call, arrays, batch)
         finally:
-            for c in range(acquired):
-                PyBuffer_Release(&views[c])
-            free(memory)
+            outputs.end(&call)
 
     def complete_lanes(self, slots, generations, last_slots, last_generations, list values,
                        priorities=None, timeout=None, weights=None):

@@ -4,7 +4,18 @@
 # kept sets that nobody else refers to any more. Used by every sampler (the ring's store and the
 # lane part), so that each checks out= and keeps spares the same way.
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint8_t
+
+# One sample's hold on its output arrays, from begin() to end(): their buffers exported (views),
+# a pointer to each (and `extra` more for the caller), and `batch` doubles of kernel scratch, all
+# in one block freed by end().
+cdef struct OutputCall:
+    char* block
+    Py_buffer* views
+    int acquired
+    bint fresh               # new arrays: kept as spares once the sample went through
+    uint8_t** pointers       # count + extra
+    double* scratch          # batch doubles
 
 
 cdef class SampleOutputs:
@@ -20,6 +31,10 @@ cdef class SampleOutputs:
     cdef list spares                # the last SPARE_SETS sets of fresh arrays handed out
     cdef int64_t spare_batch
 
+    cdef list begin(self, OutputCall* call, int64_t batch, int64_t row_bytes, object out,
+                    int extra)
+    cdef dict finish(self, OutputCall* call, list arrays, int64_t batch)
+    cdef void end(self, OutputCall* call) noexcept
     cdef list arrays_for(self, int64_t batch, object out, Py_buffer* views, int* acquired,
                          bint* fresh)
     cdef dict result_of(self, list arrays)

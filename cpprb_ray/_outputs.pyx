@@ -21,9 +21,12 @@ from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, P
                              PyObject_GetBuffer)
 from cpython.bytes cimport PyBytes_AS_STRING
 from cpython.object cimport PyObject
+from libc.stdlib cimport free, malloc
 from libc.string cimport strcmp
 
 import numpy as np
+
+from cpprb_ray import _rules
 
 _ndarray = np.ndarray
 _empty = np.empty
@@ -74,6 +77,43 @@ cdef class SampleOutputs:
         self.formats = [_format_of(dtype) for dtype in self.dtypes]
         self.spares = []
         self.spare_batch = 0
+
+    cdef list begin(self, OutputCall* call, int64_t batch, int64_t row_bytes, object out,
+                    int extra):
+        """Start a sample of `batch` rows (each `row_bytes` of outputs at most): the arrays it
+        fills (`out`'s, a kept set or new ones), exported into `call`, with their pointers and
+        the kernel's scratch. end() releases them whatever happens after."""
+        cdef int c
+        call.block = NULL
+        call.acquired = 0
+        _rules.check_batch_fits(batch, row_bytes, "batch_size")
+        call.block = <char*>malloc(self.count * sizeof(Py_buffer)
+                                   + (self.count + extra) * sizeof(uint8_t*)
+                                   + batch * sizeof(double))
+        if call.block == NULL:
+            raise MemoryError(f"batch_size {batch}: no memory for the sample's scratch")
+        call.views = <Py_buffer*>call.block
+        call.pointers = <uint8_t**>(call.block + self.count * sizeof(Py_buffer))
+        call.scratch = <double*>(call.block + self.count * sizeof(Py_buffer)
+                                 + (self.count + extra) * sizeof(uint8_t*))
+        arrays = self.arrays_for(batch, out, call.views, &call.acquired, &call.fresh)
+        for c in range(self.count):
+            call.pointers[c] = <uint8_t*>call.views[c].buf
+        return arrays
+
+    cdef dict finish(self, OutputCall* call, list arrays, int64_t batch):
+        """The sample went through: its result dict (new arrays kept as spares)."""
+        if call.fresh:
+            self.keep(arrays, batch)
+        return self.result_of(arrays)
+
+    cdef void end(self, OutputCall* call) noexcept:
+        cdef int c
+        for c in range(call.acquired):
+            PyBuffer_Release(&call.views[c])
+        call.acquired = 0
+        free(call.block)
+        call.block = NULL
 
     def fresh(self, int64_t batch):
         """A dict of new, empty arrays for `batch` rows."""

@@ -37,7 +37,7 @@ from cpprb_ray._limiter cimport (LIMITER_MIN_SIZE, LIMITER_NONE, LIMITER_SAMPLE_
                                  SIDE_INSERT, SIDE_NONE, SIDE_RESET, SIDE_SAMPLE, Limiter,
                                  gate_advance, gate_arm, limiter_admits, limiter_gate,
                                  limiter_never_admits)
-from cpprb_ray._outputs cimport SampleOutputs
+from cpprb_ray._outputs cimport OutputCall, SampleOutputs
 from cpprb_ray._rules cimport (as_timeout, export_vector, first_bad_priority, first_out_of_range,
                                priority_rule, raise_bad_priority)
 from cpprb_ray._segment cimport (ST_ALL_TORN, ST_ALL_ZERO, ST_CORRUPT, ST_EMPTY, ST_LANE_FULL,
@@ -674,42 +674,24 @@ cdef class ReplayStore:
 
     cdef object _sample(self, int64_t batch, double beta, out, double timeout):
         cdef SampleOutputs outputs = self.outputs
-        cdef int count = outputs.count, c
         cdef SampleArguments arguments
-        cdef Py_buffer* views
-        cdef uint8_t** pointers
-        cdef int acquired = 0
-        cdef list arrays
-        cdef bint fresh = False
-        _rules.check_batch_fits(batch, self.view.stride, "batch_size")
-        cdef char* memory = <char*>malloc(count * (sizeof(Py_buffer) + sizeof(uint8_t*))
-                                          + batch * sizeof(double))
-        if memory == NULL:
-            raise MemoryError(f"batch_size {batch}: no memory for the sample's scratch")
-        views = <Py_buffer*>memory
-        pointers = <uint8_t**>(memory + count * sizeof(Py_buffer))
+        cdef OutputCall call
+        call.block = NULL
         try:
-            arrays = outputs.arrays_for(batch, out, views, &acquired, &fresh)
-            for c in range(count):
-                pointers[c] = <uint8_t*>views[c].buf
+            arrays = outputs.begin(&call, batch, self.view.stride, out, 0)
             arguments.rng = &self.rng
             arguments.batch = batch
             arguments.beta = beta
-            arguments.scratch = <double*>(memory + count * (sizeof(Py_buffer)
-                                                            + sizeof(uint8_t*)))
-            arguments.indexes = <int64_t*>pointers[outputs.index_at]
-            arguments.weights = (<float*>pointers[outputs.weights_at]
+            arguments.scratch = call.scratch
+            arguments.indexes = <int64_t*>call.pointers[outputs.index_at]
+            arguments.weights = (<float*>call.pointers[outputs.weights_at]
                                  if outputs.weights_at >= 0 else NULL)
-            arguments.generations = <uint64_t*>pointers[outputs.generations_at]
-            arguments.outputs = pointers
+            arguments.generations = <uint64_t*>call.pointers[outputs.generations_at]
+            arguments.outputs = call.pointers
             self.run(sample_kernel, &arguments, SIDE_SAMPLE, batch, timeout)
-            if fresh:
-                outputs.keep(arrays, batch)
-            return outputs.result_of(arrays)
+            return outputs.finish(&call, arrays, batch)
         finally:
-            for c in range(acquired):
-                PyBuffer_Release(&views[c])
-            free(memory)
+            outputs.end(&call)
 
     # -- update -------------------------------------------------------------------------------
 
