@@ -241,6 +241,12 @@ def choose(store: Any, layout: Layout, location: str,
     if lane_config is None:
         writer = RingWriter(store, layout.columns, layout.capacity)
         sampler = RingSampler(store, layout.columns)
+    elif getattr(store, "is_remote", False):
+        # A remote handle of a laned buffer (cpprb_ray.remote): its writer, N-step staging
+        # included, lives in the buffer's proxy (chosen there by this function), one per
+        # handle; its draws go through the proxy's sampler.
+        writer, sampler = store.lane_parts(lane_config, nstep_config)
+        nstep_config = None
     else:
         lanes = frames.lane_store(store, layout, lane_config, location)
         writer = frames.LaneWriter(lanes, lane_config, layout.columns, layout.capacity)

@@ -223,10 +223,6 @@ class ReplayBuffer:
         self._segment = segment
         self._layout = layout
         self._columns = layout.columns
-        if lane_config is not None and store is not None:
-            raise ValueError(f"{segment.location!r} is a laned buffer (lanes, next_of, "
-                             f"stack_compress): it cannot be used from a node that does not "
-                             f"see its segment yet (docs/frames.md)")
         # `store`: a stand-in with ReplayStore's methods (cpprb_ray.remote's client of the proxy
         # actor, for a handle on a node that cannot see the segment); else the segment itself.
         self._store = store if store is not None else _open.open_store(

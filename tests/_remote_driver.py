@@ -23,6 +23,8 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(TESTS_DIR))
 sys.path.insert(0, TESTS_DIR)
 
+import _frame_streams as streams  # noqa: E402
+import _nstep_reference as reference  # noqa: E402
 import _workers  # noqa: E402
 import ray  # noqa: E402
 from _workers import ENV, rows  # noqa: E402
@@ -32,7 +34,8 @@ import cpprb_ray  # noqa: E402
 from benchmarks._two_nodes import REMOTE_RESOURCE, kill_mount_namespace_of, wait_for_nodes  # noqa: E402
 from cpprb_ray import remote  # noqa: E402
 
-ray.cloudpickle.register_pickle_by_value(_workers)
+for _module in (_workers, streams, reference):
+    ray.cloudpickle.register_pickle_by_value(_module)
 TIMEOUT = 60.0
 CALL_TIMEOUT = 20.0   # the remote handles' bound on an unanswered call
 # Ray 2.7.2 (CPython 3.7's) cannot make a call from an actor that exit_actor() is ending: its
@@ -41,6 +44,8 @@ SENDS_AT_EXIT = tuple(int(part) for part in ray.__version__.split(".")[:2]) > (2
 ON_REMOTE = {"num_cpus": 0, "resources": {REMOTE_RESOURCE: 0.01}, "max_restarts": 0}
 NSTEP = {"size": 3, "gamma": 0.5, "rew": "rew", "next": "next_obs"}
 NSTEP_ENV = {"obs": {}, "rew": {}, "next_obs": {}, "done": {}}
+FRAMED = {"next_of": "obs", "stack_compress": "obs"}
+LEASE = 4.0   # the writer lease of the remote writers killed below (the default is 60 s)
 
 
 def shm_path(rb: Any) -> str:
@@ -213,6 +218,92 @@ class RemoteUser:
         while True:
             self.rb.add(**rows(serial, 1))
             serial += 1
+
+    # -- laned buffers: the writer of each remote handle lives in the proxy ------------------
+
+    def frames(self, stream: int, seed: int, adds: int) -> Dict[str, Any]:
+        """Frame transitions of one stream (1 to 3 an add, with priorities), then a sample
+        here, checked against the stream's oracle, refilled into out= and updated."""
+        rb = self.rb
+        source = streams.Stream(stream, seed)
+        for _ in range(adds):
+            count = int(source.random.integers(1, 4))
+            rb.add(priorities=source.random.random(count) + 0.1, **source.transitions(count))
+        batch = rb.sample(32)
+        checked = streams.check(batch)
+        again = rb.sample(32, out=batch)
+        checked += streams.check(again)
+        applied = rb.update_priorities(batch["indexes"], np.full(32, 2.0), batch["generations"])
+        return {"checked": checked, "refilled": again["obs"] is batch["obs"],
+                "applied": applied, "weights": batch["weights"].dtype.name}
+
+    def frames_forever(self, stream: int, seed: int) -> None:
+        """Frame transitions until killed, sent every few rows, with a short writer lease."""
+        remote.configure(flush_rows=8, flush_seconds=30.0, writer_lease=LEASE)
+        source = streams.Stream(stream, seed)
+        while True:
+            self.rb.add(**source.transitions(int(source.random.integers(1, 4))))
+
+    def try_add(self, stream: int) -> str:
+        """One add of a new stream (a laned buffer's first add is sent at once): "ok", or the
+        error it raised."""
+        try:
+            self.rb.add(priorities=[1.0], **streams.Stream(stream, stream).transitions(1))
+        except Exception as error:  # noqa: BLE001 - reported
+            return f"{type(error).__name__}: {error}"
+        return "ok"
+
+    def close(self) -> bool:
+        self.rb.close()
+        return self.rb.closed
+
+    def nstep_frames(self, seed: int, rounds: int) -> Dict[str, Any]:
+        """N-step in a lane, with frames: the steps of feed_nstep_frames, then a sample here
+        (a uniform laned buffer's: no weights), returned."""
+        rb = self.rb
+        feed_nstep_frames(rb, seed, rounds)
+        found = {"batch": rb.sample(16), "staged": rb.stats()["nstep_staged"]}
+        rb.close()
+        return found
+
+    def nstep_episodes(self, first: int, seed: int, extra: Any) -> Dict[str, Any]:
+        """N-step in a lane: a stream of episodes (random batch splits; every truncated one
+        ended by on_episode_end), then the steps of `extra`, one an add, left staged for
+        close() to commit as a truncated episode end."""
+        rb = self.rb
+        episodes, splits = reference.child_plan(first, seed)
+        reference.feed(rb, episodes, splits, [False] * len(episodes))
+        steps = extra.steps()
+        for t in range(len(extra)):
+            rb.add(**{key: value[t] for key, value in steps.items()})
+        found = {"staged": rb.stats()["nstep_staged"], "next": rb.get_next_index(),
+                 "steps": sum(len(e) for e in episodes) + len(extra)}
+        rb.close()
+        return found
+
+    def nstep_staged(self, episode: Any) -> int:
+        """The steps of `episode` one an add, all sent (flush), with a short writer lease;
+        returns how many the writer in the proxy keeps staged. The actor is killed next."""
+        remote.configure(writer_lease=LEASE)
+        steps = episode.steps()
+        for t in range(len(episode)):
+            self.rb.add(**{key: value[t] for key, value in steps.items()})
+        self.rb.flush()
+        return int(self.rb.stats()["nstep_staged"])
+
+
+def feed_nstep_frames(rb: Any, seed: int, rounds: int) -> None:
+    """One stream of frame transitions, 1 or 2 an add, an episode truncated by on_episode_end
+    now and then and at the end (the same steps into the remote handle and a local twin)."""
+    random = np.random.default_rng(seed)
+    source = streams.Stream(0, seed)
+    for round_ in range(rounds):
+        rb.add(**source.transitions(int(random.integers(1, 3))))
+        if round_ % 37 == 36:
+            rb.on_episode_end()
+            source.episode += 1
+            source.step = 0
+    rb.on_episode_end()
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -500,6 +591,138 @@ def check_failures(user: Any, here: str) -> None:
         rb.close()
 
 
+def sample_while(rb: Any, pending: Any, check: Callable[[Any], Any]) -> int:
+    """Sample and check every row until the remote call `pending` returns; how many rows."""
+    checked = 0
+    while ray.wait([pending], timeout=0)[1]:
+        if rb.get_stored_size():
+            check(rb.sample(64))
+            checked += 64
+        time.sleep(0.02)
+    return checked
+
+
+def check_laned_frames(user: Any, here: str) -> None:
+    """Frames (next_of + stack_compress) in 2 lanes, written by remote handles whose writers
+    live in the proxy: the owner samples meanwhile, every row exactly its writer's; a third
+    writer gets LaneError; a writer's close gives its lane back; a writer killed mid-stream
+    keeps its lane for its lease only, and no row is ever torn."""
+    rb = cpprb_ray.PrioritizedReplayBuffer(2 * 256, streams.ENV, lanes=2, seed=1, **FRAMED)
+    killed, third = RemoteUser.remote(), RemoteUser.remote()
+    try:
+        for actor in (user, killed, third):
+            kept = ray.get(actor.keep.remote(rb), timeout=TIMEOUT)
+            assert kept["remote"] is True and kept["size"] == 512, kept
+        looping = killed.frames_forever.remote(1, 11)
+        writing = user.frames.remote(0, 10, 300)
+        checked = sample_while(rb, writing, streams.check)
+        found = ray.get(writing, timeout=TIMEOUT)
+        # (The killed writer's lane wraps meanwhile: an update skips the rows it overwrote.)
+        assert found["checked"] == 64 and found["refilled"] is True, found
+        assert 0 < found["applied"] <= 32 and found["weights"] == "float32", found
+        assert checked > 0
+        # Both lanes have a live writer: a third one's first add is refused, nothing added.
+        refused = ray.get(third.try_add.remote(2), timeout=TIMEOUT)
+        assert refused.startswith("LaneError: every one of the buffer's 2 lanes"), refused
+        # A closed handle gives its lane back (its writer in the proxy closes).
+        assert ray.get(user.close.remote(), timeout=TIMEOUT) is True
+        assert ray.get(third.try_add.remote(2), timeout=TIMEOUT) == "ok"
+        # The writer killed mid-stream: its lane stays its own for its lease, then the proxy
+        # closes its writer and a new handle takes the lane (frames exact: it writes fillers).
+        ray.get(user.keep.remote(rb), timeout=TIMEOUT)
+        ray.kill(killed, no_restart=True)
+        killed_at = time.monotonic()
+        assert ray.get(user.try_add.remote(3), timeout=TIMEOUT).startswith("LaneError")
+        try:
+            ray.get(looping, timeout=TIMEOUT)
+            raise AssertionError("the killed writer's loop returned")
+        except ray.exceptions.RayActorError:
+            pass
+        while True:
+            streams.check(rb.sample(64))
+            outcome = ray.get(user.try_add.remote(3), timeout=TIMEOUT)
+            if outcome == "ok":
+                break
+            assert outcome.startswith("LaneError"), outcome
+            assert time.monotonic() - killed_at < LEASE + 15.0, "the lease never ran out"
+        print(f"laned: lane free {time.monotonic() - killed_at:.1f} s after the writer was killed "
+              f"(lease {LEASE} s)", flush=True)
+        found = ray.get(user.frames.remote(3, 30, 40), timeout=TIMEOUT)
+        assert found["checked"] == 64 and found["applied"] == 32, found
+        everything = rb.get_all_transitions()
+        assert streams.check(everything) == rb.get_stored_size() > 100
+        assert {0, 2, 3} <= set(((everything["act"].ravel() >> 1) // 10**9).tolist())
+        assert _workers.tree_problems(rb._store.check_tree()) == []
+    finally:
+        for actor in (killed, third):
+            ray.kill(actor, no_restart=True)
+        rb.close()
+
+
+def check_laned_nstep(user: Any, here: str) -> None:
+    """N-step in lanes through remote handles: with frames, every row sampled while the
+    remote writer adds, and every row at the end, equals a local twin's (without frames or
+    lanes) given the same steps; without frames, every row equals the N-step reference,
+    the steps staged at close() committed, and those staged by a writer killed committed as
+    a truncated episode end once its lease ran out."""
+    spec = reference.nstep_spec(3, 0.5)
+    rb = cpprb_ray.ReplayBuffer(2 * 256, streams.ENV, lanes=2, Nstep=spec, **FRAMED)
+    twin = cpprb_ray.ReplayBuffer(4096, dict(streams.ENV, next_obs=streams.ENV["obs"]),
+                                  Nstep=spec)
+    try:
+        feed_nstep_frames(twin, 5, 150)
+        theirs = twin.get_all_transitions()
+        by_act = {int(act): k for k, act in enumerate(theirs["act"].ravel())}
+
+        def same_as_twin(batch: Dict[str, np.ndarray]) -> None:
+            for k, act in enumerate(batch["act"].ravel()):
+                for name in theirs:
+                    assert (batch[name][k] == theirs[name][by_act[int(act)]]).all(), (name, act)
+
+        assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
+        writing = user.nstep_frames.remote(5, 150)
+        checked = sample_while(rb, writing, same_as_twin)
+        found = ray.get(writing, timeout=TIMEOUT)
+        assert sorted(found["batch"]) == ["act", "discounts", "done", "generations", "indexes",
+                                          "next_obs", "obs", "rew"] and found["staged"] == 0
+        same_as_twin(found["batch"])
+        ours = rb.get_all_transitions()
+        same_as_twin(ours)
+        assert len(ours["act"]) == rb.get_stored_size() > 150 and checked > 0
+        assert "weights" not in rb.sample(8)
+    finally:
+        rb.close()
+        twin.close()
+    rb = cpprb_ray.PrioritizedReplayBuffer(2 * 256, reference.ENV, lanes=2, Nstep=spec)
+    killed = RemoteUser.remote()
+    try:
+        assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
+        episodes = reference.child_plan(0, 3)[0]
+        closed = reference.Episode(1000, [0.5, -1.0, 2.0, 0.25], terminated=False)
+        found = ray.get(user.nstep_episodes.remote(0, 3, closed), timeout=TIMEOUT)
+        # N-step steps wait in the proxy (n - 1 of them), the lane's next slot is after them.
+        assert found["staged"] == 2 and found["next"] % 256 == found["steps"], found
+        assert rb.get_stored_size() == sum(len(e) for e in episodes) + len(closed)
+        cut = reference.Episode(2000, [1.0, 2.0, 3.0, 4.0, 5.0], terminated=False)
+        assert ray.get(killed.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
+        assert ray.get(killed.nstep_staged.remote(cut), timeout=TIMEOUT) == 2
+        ray.kill(killed, no_restart=True)
+        killed_at = time.monotonic()
+        stored = rb.get_stored_size()
+        assert stored == sum(len(e) for e in episodes) + len(closed) + len(cut) - 2
+        wait_for(lambda: rb.get_stored_size() == stored + 2, LEASE + 15.0,
+                 "the killed writer's staged steps, after its lease")
+        print(f"laned N-step: staged steps committed {time.monotonic() - killed_at:.1f} s after "
+              f"the writer was killed (lease {LEASE} s)", flush=True)
+        rows = rb.get_all_transitions()
+        order = np.argsort(rows["obs"].ravel(), kind="stable")
+        reference.assert_rows_match({key: value[order] for key, value in rows.items()},
+                                    reference.reference_rows(episodes + [closed, cut], 3, 0.5))
+    finally:
+        ray.kill(killed, no_restart=True)
+        rb.close()
+
+
 def check_owner_node_died(user: Any, here: str) -> None:
     """The owner's whole node gone (every process in its mount namespace SIGKILLed, as a host
     that dies): a client's calls fail clearly within its call timeout, never hang. Run last: the
@@ -530,6 +753,7 @@ def check_owner_node_died(user: Any, here: str) -> None:
 CHECKS = {"tasks_and_actors": check_tasks_and_actors, "nstep": check_nstep,
           "rate_limiter": check_rate_limiter, "flushes": check_flushes,
           "owner_died": check_owner_died, "failures": check_failures,
+          "laned_frames": check_laned_frames, "laned_nstep": check_laned_nstep,
           "owner_node_died": check_owner_node_died}
 
 

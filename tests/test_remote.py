@@ -93,6 +93,16 @@ def test_flushes_and_the_owners_death(remote_results):
     _check(remote_results, "owner_died")
 
 
+def test_laned_buffers_through_remote_writers(remote_results):
+    """Frames and N-step in lanes, written by remote handles (their writers in the proxy):
+    every row sampled meanwhile and at the end is exactly its writer's (the frame streams'
+    oracle, a local twin, the N-step reference); a third writer gets LaneError; a closed or
+    killed writer's lane goes to the next one (a killed one's after its lease), its staged
+    N-step steps committed as a truncated episode end."""
+    _check(remote_results, "laned_frames")
+    _check(remote_results, "laned_nstep")
+
+
 def test_the_owners_node_dies(remote_results):
     """The owner on the second node, a client on the head; the second node SIGKILLed whole,
     as a host that dies: the client's calls raise RemoteBufferError within its call timeout."""

@@ -24,7 +24,15 @@ classes: the handle's class comes in as an argument.
   the limiter admits each call's rows whole, as it does locally. Such a handle's ``add``
   returns None (the slots are chosen when the batch arrives).
 - **Sample, update, stats, clear, get_all_transitions, save** are Ray calls (after a flush).
-  N-step staging stays in the handle, as for any handle; it commits through the queue.
+  N-step staging of a plain buffer stays in the handle, as for any handle; it commits through
+  the queue.
+- **Laned buffers** (lanes, next_of, stack_compress, N-step in lanes): each remote handle's
+  writer (its lane, frame cache and N-step staging) lives in the proxy, one per handle (a
+  client id); its batches go there as writer adds, its first add at once (it claims the lane:
+  LaneError as on one host). on_episode_end and close send the queue, then end or close that
+  writer. A writer whose handle made no call for ``writer_lease`` seconds (a live handle's
+  background thread calls every quarter of it) is closed by the proxy: its staged steps commit
+  as a truncated episode end and its lane is given back.
 - **Failures.** Every call is bounded: a call that gets no answer within ``call_timeout``
   seconds (calls that a rate limiter holds back: their own timeout, while the actor answers a
   ping every second), or whose actor or node is gone, raises :class:`RemoteBufferError`. The
@@ -39,7 +47,7 @@ Examples
 >>> from cpprb_ray import remote
 >>> settings = remote.configure(flush_rows=512)
 >>> settings["flush_rows"], sorted(settings)
-(512, ['call_timeout', 'flush_bytes', 'flush_rows', 'flush_seconds'])
+(512, ['call_timeout', 'flush_bytes', 'flush_rows', 'flush_seconds', 'writer_lease'])
 >>> _ = remote.configure(flush_rows=1024)
 """
 
@@ -62,6 +70,9 @@ def configure(**settings: float) -> Dict[str, float]:
     ``flush_rows`` (1024) and ``flush_bytes`` (8 MiB): a queue that holds this many rows or
     bytes is sent at once. ``flush_seconds`` (0.05): the longest a queued row waits.
     ``call_timeout`` (60): seconds a call may go unanswered before :class:`RemoteBufferError`.
+    ``writer_lease`` (60): seconds the proxy keeps a laned buffer's writer (its lane and
+    staged N-step steps) for a remote handle of this process that makes no call (a live
+    handle calls every quarter of it: only a dead or stopped one loses its writer).
     They apply from the next call of every remote handle here.
 
     Examples

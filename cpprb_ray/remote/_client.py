@@ -12,6 +12,7 @@ Examples
 from __future__ import annotations
 
 import atexit
+import secrets
 import sys
 import threading
 import time
@@ -21,8 +22,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from cpprb_ray import _rules
+from cpprb_ray import _rules, nstep
 from cpprb_ray._outputs import SampleOutputs
+from cpprb_ray._store import LaneError
 from cpprb_ray.remote import _proxy
 
 NAMESPACE = "cpprb_ray"        # the proxy actors' Ray namespace, whatever the job's
@@ -31,7 +33,8 @@ PROXY_CONCURRENCY = 32         # calls one proxy serves at once (waiting ones in
 EXIT_SECONDS = 5.0             # the longest an exiting process tries to send its queues
 
 _settings: Dict[str, float] = {"flush_rows": 1024, "flush_bytes": 8 << 20,
-                               "flush_seconds": 0.05, "call_timeout": 60.0}
+                               "flush_seconds": 0.05, "call_timeout": 60.0,
+                               "writer_lease": 60.0}
 
 
 class RemoteBufferError(ConnectionError):
@@ -98,7 +101,10 @@ def _release_all_at_exit() -> None:
 class RemoteStore:
     """ReplayStore's methods, served by the buffer's proxy actor; the adds batched here.
 
-    Made by unpickling (:func:`client`); see the module's description.
+    Made by unpickling (:func:`client`); see the module's description. `columns`: what a
+    sample returns (a laned buffer's public columns). Of a laned buffer, the handle's writer
+    lives in the proxy (:meth:`lane_parts`): the queue's batches go to it, under this handle's
+    client id.
     """
 
     is_remote = True
@@ -109,9 +115,14 @@ class RemoteStore:
         self.backend, self.location, self.token = backend, location, token
         self.prioritized = bool(state["prioritized"])
         self.capacity = int(state["capacity"])
-        self._columns = [c for c in columns]
+        self._columns = [c for c in columns]   # what the queue holds (the writer's add's)
         self._outputs = SampleOutputs([c.name for c in columns], [c.shape for c in columns],
                                       [c.dtype for c in columns], weights=self.prioritized)
+        # A laned buffer's handle: its id in the proxy, whose writer it has (its first add
+        # went), and when its last call to that writer went (the keepalive's clock).
+        self._client: Optional[int] = None
+        self._writer_made = False
+        self._writer_called = 0.0
         self._limited = bool(state["limited"])
         self._alpha, self._eps = float(state["alpha"]), float(state["eps"])
         self._row_bytes = sum(c.row_bytes for c in columns)
@@ -169,7 +180,8 @@ class RemoteStore:
             return ray.get(ref, timeout=timeout)
         except ray.exceptions.RayTaskError as error:
             cause = getattr(error, "cause", None)
-            if isinstance(cause, (ValueError, TypeError, TimeoutError, IndexError, KeyError)):
+            if isinstance(cause, (ValueError, TypeError, TimeoutError, IndexError, KeyError,
+                                  LaneError)):
                 raise cause from None
             raise self._gone(f"the proxy actor failed: {error}") from None
         except ray.exceptions.GetTimeoutError:
@@ -216,8 +228,9 @@ class RemoteStore:
     def _stage(self, values: Union[Sequence[Any], Dict[str, Any]], priorities: Any,
                checked: bool = False) -> Tuple[List[np.ndarray], int, Optional[np.ndarray]]:
         # `values`, as the local store takes them: a dict of exactly the columns (a handle's
-        # add), or a list in column order (staged N-step rows, whose priorities were `checked`
-        # when they were staged, a NaN for a step without one).
+        # add; a laned buffer's: the steps its writer in the proxy takes), or a list in column
+        # order (staged N-step rows, whose priorities were `checked` when they were staged, a
+        # NaN for a step without one).
         if not isinstance(values, dict):
             values = dict(zip((c.name for c in self._columns), values))
         arrays, count = _rules.stage_rows(self._columns, values)
@@ -251,6 +264,12 @@ class RemoteStore:
             self._check_open()
             arrays, count, priorities = self._stage(values, priorities, weights is not None)
             wait = None if seconds < 0 else seconds   # as_timeout: -1 for None
+            if self._client is not None:
+                first = self._writer_call("lane_add", self._by_name(arrays), priorities, wait,
+                                          waits=True)
+                with self._lock:
+                    self._start_flusher()   # (the writer's keepalive)
+                return None if first is None else int(first)
             first, _ = self._call("add", arrays, priorities, wait, waits=True)
             return int(first)
         with self._lock:
@@ -258,15 +277,26 @@ class RemoteStore:
             arrays, count, priorities = self._stage(values, priorities, weights is not None)
             self._enqueue(arrays, count, priorities)
             if (self._queued >= _settings["flush_rows"]
-                    or self._queued * self._row_bytes >= _settings["flush_bytes"]):
+                    or self._queued * self._row_bytes >= _settings["flush_bytes"]
+                    # A laned buffer's first add is sent at once: it claims the handle's lane
+                    # (LaneError, with nothing added, when every lane has a writer).
+                    or (self._client is not None and not self._writer_made)):
                 self._flush_locked(None)
-            elif self._flusher is None:
-                self._flusher = threading.Thread(target=_flush_by_age, args=(weakref.ref(self),),
-                                                 name="cpprb_ray-flush", daemon=True)
-                self._flusher.start()
-            else:
-                self._wake.notify()
+            self._start_flusher()
         return None
+
+    def _start_flusher(self) -> None:
+        """(Under the lock) The background thread that sends the queue by age and keeps a
+        laned handle's writer in the proxy alive; started on the first add."""
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=_flush_by_age, args=(weakref.ref(self),),
+                                             name="cpprb_ray-flush", daemon=True)
+            self._flusher.start()
+        else:
+            self._wake.notify()
+
+    def _by_name(self, arrays: List[np.ndarray]) -> Dict[str, np.ndarray]:
+        return {column.name: array for column, array in zip(self._columns, arrays)}
 
     def _enqueue(self, arrays: List[np.ndarray], count: int,
                  priorities: Optional[np.ndarray]) -> None:
@@ -306,7 +336,10 @@ class RemoteStore:
         self._queue = None
         self._queue_priorities = None
         self._queued = 0
-        self._call("add", arrays, given, timeout)
+        if self._client is not None:
+            self._writer_call("lane_add", self._by_name(arrays), given, timeout)
+        else:
+            self._call("add", arrays, given, timeout)
         return count
 
     def flush(self, timeout: Optional[float] = None) -> int:
@@ -316,8 +349,9 @@ class RemoteStore:
             return self._flush_locked(None)
 
     def _flush_if_old(self) -> bool:
-        """The background thread's step: send the queue once its oldest row is old enough.
-        False once the store is closed."""
+        """The background thread's step: send the queue once its oldest row is old enough;
+        keep a laned handle's writer in the proxy alive (a call every quarter of its lease,
+        so that only a dead handle's writer is closed). False once the store is closed."""
         with self._lock:
             if self._closed:
                 return False
@@ -330,9 +364,64 @@ class RemoteStore:
                         self._failure = error
                 else:
                     self._wake.wait(_settings["flush_seconds"] - age)
-            else:
-                self._wake.wait(1.0)
+                return True
+            beat = _settings["writer_lease"] / 4
+            if not self._writer_made or time.monotonic() - self._writer_called < beat:
+                self._wake.wait(min(1.0, beat))
+                return True
+            try:
+                self._writer_called = time.monotonic()
+                # False: the proxy closed the writer (this process was stopped past the
+                # lease): the next add makes a new one, sent at once.
+                self._writer_made = bool(self._call("lane_touch", self._client))
+            except Exception:  # noqa: BLE001 - the handle's next call reports a lost proxy
+                pass
         return True
+
+    # -- a laned buffer's writer in the proxy -------------------------------------------------
+
+    def lane_parts(self, config: Any, nstep_config: Any) -> Tuple[Any, Any]:
+        """(writer, sampler) of a remote handle of a laned buffer (:func:`cpprb_ray._parts
+        .choose` asks): its writer, N-step staging included, lives in the proxy, one per
+        handle; draws go through the proxy's sampler. The queue holds the columns that writer's
+        add takes."""
+        if self._client is None:
+            self._client = secrets.randbits(63) | 1
+        public = config.columns()
+        self._columns = [c for c in public
+                         if nstep_config is None or c.name != nstep.DISCOUNTS]
+        self._row_bytes = sum(c.row_bytes for c in self._columns)
+        return (RemoteLaneWriter(self, public, config.rows or self.capacity,
+                                 nstep_config is not None), RemoteLaneSampler(self))
+
+    def _writer_call(self, method: str, *args: Any, waits: bool = False) -> Any:
+        """A call of this handle's writer in the proxy (made there by the first), with this
+        process's lease for it."""
+        result = self._call(method, self._client, *args, _settings["writer_lease"], waits=waits)
+        self._writer_made = True
+        self._writer_called = time.monotonic()
+        return result
+
+    def writer_call(self, method: str, *args: Any, waits: bool = False) -> Any:
+        """After sending the queue: a call of this handle's writer in the proxy."""
+        with self._lock:
+            self._check_open()
+            self._flush_locked(None)
+        return self._writer_call(method, *args, waits=waits)
+
+    def lane_state(self) -> Tuple[int, int]:
+        """(next slot, staged steps) of this handle's writer in the proxy."""
+        state = self._flushed_call("lane_state", self._client)
+        return int(state[0]), int(state[1])
+
+    def forget_staged(self) -> None:
+        """Drop the steps this handle's writer in the proxy staged (clear())."""
+        if self._writer_made:
+            self._flushed_call("lane_forget", self._client)
+
+    @property
+    def limited(self) -> bool:
+        return self._limited
 
     # -- the rest: one Ray call each, after sending the queue ----------------------------------
 
@@ -386,13 +475,13 @@ class RemoteStore:
 
     def snapshot(self, outputs: Sequence[np.ndarray], indexes: np.ndarray,
                  leaves: np.ndarray) -> int:
-        """ReplayStore.snapshot's rows (the proxy's all_rows); `indexes` and `leaves` are not
-        filled (nothing on this side reads them)."""
-        rows = self._flushed_call("all_rows", len(indexes))
-        copied = 0
-        for output, column in zip(outputs, self._columns):
-            copied = len(rows[column.name])
-            output[:copied] = rows[column.name]
+        """ReplayStore.snapshot, through the proxy: the rows, their slots and leaf weights."""
+        rows, slots, weights = self._flushed_call("snapshot", len(indexes))
+        copied = len(slots)
+        for output, row in zip(outputs, rows):
+            output[:copied] = row
+        indexes[:copied] = slots
+        leaves[:copied] = weights
         return int(copied)
 
     def dump(self) -> Any:
@@ -402,9 +491,11 @@ class RemoteStore:
         return int(self.counters()["lock_holder"])
 
     def release(self) -> None:
-        """Send what is queued and close (idempotent). A failure to send is a RuntimeWarning
-        (the rows are lost), never an exception: a close always closes (call ``flush()``
-        first to get the error)."""
+        """Send what is queued and close (idempotent); a laned buffer's handle then closes its
+        writer in the proxy (its staged N-step steps committed as a truncated episode end, its
+        lane given back). A failure is a RuntimeWarning (the rows are lost; a writer left in
+        the proxy is closed when its lease runs out), never an exception: a close always
+        closes (call ``flush()`` first to get the error)."""
         if self._closed:   # also when an exit gave up on it (its lock may be held for ever)
             return
         with self._lock:
@@ -412,13 +503,85 @@ class RemoteStore:
                 return
             try:
                 self._flush_locked(None)
+                if self._writer_made:
+                    for message in self._call("lane_close", self._client):
+                        warnings.warn(message, RuntimeWarning, stacklevel=2)
             except Exception as error:  # noqa: BLE001
                 warnings.warn(f"cpprb_ray: a remote handle of {self.location!r} could not send "
-                              f"its queued rows ({error})", RuntimeWarning, stacklevel=2)
+                              f"its queued rows or close its writer ({error})", RuntimeWarning,
+                              stacklevel=2)
             finally:
                 self._closed = True
                 self._wake.notify_all()
                 _live_stores.discard(self)
+
+
+class RemoteLaneWriter:
+    """The writer part (:mod:`cpprb_ray._parts`) of a remote handle of a laned buffer: its
+    adds are queued in its store (checked here, by the rules a local add applies) and go, a
+    batch at a time, to this handle's writer in the proxy (a lane writer, or an N-step writer
+    over the lane: its lane, frame cache and N-step staging are there)."""
+
+    def __init__(self, store: RemoteStore, columns: List[Any], size: int,
+                 with_nstep: bool) -> None:
+        self._store = store
+        self.add = store.add
+        self.columns = columns      # the public columns (N-step's discounts included)
+        self.size = size
+        self._nstep = with_nstep
+
+    @property
+    def staged(self) -> Optional[int]:
+        """N-step steps this handle's writer in the proxy has staged (None without N-step)."""
+        return self._store.lane_state()[1] if self._nstep else None
+
+    def end_episode(self, timeout: Optional[float]) -> None:
+        """on_episode_end: send the queue, then the writer in the proxy commits its staged
+        steps (waiting as a local one does for a rate limiter)."""
+        seconds = _rules.as_timeout(timeout)   # refused alike, with nothing to commit
+        if not self._nstep or self._store.closed:
+            return
+        wait = None if seconds < 0 else seconds
+        self._store.writer_call("lane_end", wait, waits=self._store.limited)
+
+    def forget(self) -> None:
+        self._store.forget_staged()
+
+    def close(self) -> None:
+        """Send the queue, commit what the writer in the proxy staged and give its lane back
+        (the store's release, which the handle's close calls next)."""
+        self._store.release()
+
+    def next_slot(self) -> int:
+        return self._store.lane_state()[0]
+
+    def add_rows(self, transitions: Dict[str, np.ndarray], file: Any,
+                 timeout: Optional[float]) -> None:
+        """load_transitions: finished N-step rows into this handle's lane, in the proxy."""
+        seconds = _rules.as_timeout(timeout)
+        self._store.writer_call("lane_add_rows", transitions, repr(file),
+                                None if seconds < 0 else seconds, waits=self._store.limited)
+
+
+class RemoteLaneSampler:
+    """The sampler part of a remote handle of a laned buffer: the proxy's sampler (the lanes',
+    frames rebuilt there; cpprb's row numbers in a bounded lane)."""
+
+    def __init__(self, store: RemoteStore) -> None:
+        self.sample = store.sample
+        self.update = store.update
+        self._store = store
+
+    def all_rows(self, room: int) -> Dict[str, np.ndarray]:
+        return _own(self._store._flushed_call("all_rows", room))
+
+    def rows_at(self, indexes: np.ndarray, room: int) -> Dict[str, np.ndarray]:
+        return _own(self._store._flushed_call("rows_at", indexes, room))
+
+
+def _own(rows: Dict[str, Any]) -> Dict[str, np.ndarray]:
+    """Arrays from Ray's object store are read-only views of it: the caller's are copies."""
+    return {name: np.array(column) for name, column in rows.items()}
 
 
 def _flush_by_age(store_ref: weakref.ref[RemoteStore]) -> None:

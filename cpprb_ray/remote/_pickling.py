@@ -15,7 +15,7 @@ import json
 import weakref
 from typing import Any, Dict, Optional, Type
 
-from cpprb_ray import _layout, _segment
+from cpprb_ray import _layout, _segment, frames
 from cpprb_ray.remote import _client
 from cpprb_ray.remote._client import NAMESPACE, proxy_name
 
@@ -102,7 +102,10 @@ def client(cls: Type[Any], backend: str, location: str, token: Optional[str],
     if target is None:
         raise ValueError(f"{location!r} is a {'prioritized' if layout.prioritized else 'uniform'}"
                          f" buffer; it cannot be unpickled as {cls.__name__}")
-    store = _client.RemoteStore(backend, location, token, state, layout.columns)
+    # What its samples return: a laned buffer's public columns (frames whole, next_of's).
+    lanes = frames.LaneConfig.from_meta(layout.meta, layout.columns, location)
+    columns = layout.columns if lanes is None else lanes.columns()
+    store = _client.RemoteStore(backend, location, token, state, columns)
     handle = target.__new__(target)
     handle._bind(RemoteSegment(backend, location), layout, ownership=None, seed=None,
                  store=store)
