@@ -34,8 +34,8 @@ LAYERS: List[Set[str]] = [
     # 4. remote handles: client, proxy actor, pickling glue (never the public classes)
     {"remote", "remote._client", "remote._proxy", "remote._pickling"},
     # 5. the public classes and what is built on them
-    {"buffer", "multiprocess", "factory", "hindsight", "laber", "nstep_buffer", "reverse",
-     "selective", "training", "util", "__init__", "__main__"},
+    {"_handle", "buffer", "multiprocess", "factory", "hindsight", "laber", "nstep_buffer",
+     "reverse", "selective", "training", "util", "__init__", "__main__"},
 ]
 KERNELS = LAYERS[0]
 STORE = LAYERS[1]
