@@ -2,6 +2,7 @@
 #
 #   make demo         the main job: Ape-X on CartPole, examples/apex.py (sets up .venv first)
 #   make test         the whole test suite on Python 3.11 (sets up .venv first)
+#   make test-isolation  two runs of the segment and CLI tests at once (each touches only its own)
 #   make test-debug   tree, mutex, store and buffer tests against a CPPRB_RAY_DEBUG=1 build
 #   make test-asan    the same tests against an AddressSanitizer + UBSan build (and LSan)
 #   make test37       the whole suite on CPython 3.7 (Cython 3.0, numpy 1.21, ray 2.7.2)
@@ -52,10 +53,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: help venv test test-debug test-asan test37 venv37 wheel-check demo lint docs bench-peers compare clean distclean
+.PHONY: help venv test test-isolation test-debug test-asan test37 venv37 wheel-check demo lint docs bench-peers compare clean distclean
 
 help:
-	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------------------------------------
 # .venv: Python 3.11, editable install with the extensions built in place.
@@ -84,6 +85,26 @@ venv: .venv/.built
 
 test: venv
 	.venv/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# Two copies of the tests that make, list and remove segments, run at once: as two checkouts'
+# `make test` on one machine, or a user's tests beside a crashed job whose buffer waits to be
+# inspected. Each must touch only the segments it made (its sweeps of orphans take its own name
+# prefix; its leak check, its own segments): a copy that removed the other's deliberate orphans
+# fails the other's assertions. Each run's output is shown, then the status of both.
+ISOLATION_TESTS := tests/test_cli.py tests/test_endings.py tests/test_ownership.py
+
+test-isolation: venv
+	@logs="$$(mktemp -d)"; status=0; \
+	    for copy in a b; do \
+	        .venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(ISOLATION_TESTS) \
+	            >"$$logs/$$copy" 2>&1 & \
+	        eval "pid_$$copy=$$!"; \
+	    done; \
+	    wait "$$pid_a" || status=1; wait "$$pid_b" || status=1; \
+	    for copy in a b; do echo "== copy $$copy"; tail -n 40 "$$logs/$$copy"; done; \
+	    rm -rf "$$logs"; \
+	    if [ "$$status" -ne 0 ]; then echo "error: the two copies interfered (or a test failed)" >&2; fi; \
+	    exit $$status
 
 # Ape-X on CartPole (docs/apex.md): 2 actors, up to 90 s, stops once the mean return of the
 # last 20 episodes reaches 150; the figure goes to build/apex.png. DEMO_ARGS overrides.
