@@ -70,6 +70,38 @@ def shown(value, Py_ssize_t limit=24):
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+# Outputs up to this size are not checked against the memory limit: reading it (a few files of
+# /proc and /sys, tens of microseconds) costs nothing only beside an allocation this large.
+cdef double UNCHECKED_BYTES = 64.0 * 2**20
+
+
+cpdef int check_memory(double nbytes, str name, object value, str what) except -1:
+    """ValueError naming `name` (given as `value`) when `nbytes` of `what` cannot fit in the
+    memory this process may use (:func:`cpprb_ray._proc.memory_limit`: the machine's, its
+    cgroup's, its rlimits), before anything is allocated: past it the OOM killer ends the
+    process (a sample of 2**31 rows did), or numpy's MemoryError names nothing.
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import check_memory
+    >>> check_memory(2.0**20, "batch_size", 4096, "sample output")
+    0
+    >>> check_memory(2.0**80, "batch_size", 2**60, "sample output")
+    Traceback (most recent call last):
+    ...
+    ValueError: batch_size 1152921504606846976 needs 1.21e+24 bytes of sample output, more than ...
+    """
+    if nbytes <= UNCHECKED_BYTES:
+        return 0
+    from cpprb_ray._proc import memory_limit
+    limit = memory_limit()
+    if limit is None or nbytes <= limit:
+        return 0
+    raise ValueError(f"{name} {shown(value)} needs {nbytes:.3g} bytes of {what}, more than the "
+                     f"{limit:.3g} bytes this process may use (the least of the machine's "
+                     f"memory, its cgroup's limit and its rlimits)")
+
+
 def as_count(value, str name):
     """`value` as a Python int, or TypeError naming `name` (bools are not counts).
 
