@@ -53,7 +53,7 @@ from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_MIN_SIZE, LIMITER_NONE,
                                  LIMITER_SAMPLE_TO_INSERT_RATIO, SIDE_INSERT, SIDE_RESET,
                                  SIDE_SAMPLE, Limiter, gate_advance, gate_arm, limiter_admits,
                                  limiter_gate, limiter_never_admits)
-from cpprb_ray._rules cimport (PriorityRule, as_timeout, first_bad_priority,
+from cpprb_ray._rules cimport (PriorityRule, as_timeout, check_memory, first_bad_priority,
                                first_out_of_range, priority_rule, raise_bad_priority)
 from cpprb_ray._segtree cimport (TreeView, Xoshiro256, min_key, rng_seed, tree_bind, tree_clear_all,
                                  tree_doubles, tree_min, tree_prefetch_leaves, tree_total)
@@ -1021,6 +1021,9 @@ cdef class ReplayStore:
         if batch > INT64_MAX // (self.view.stride + 28):
             raise ValueError(f"batch_size {batch} needs more than 2**63 - 1 bytes of output; "
                              f"sample fewer rows")
+        if out is None:
+            check_memory(<double>batch * (self.view.stride + 28), "batch_size", batch,
+                         "sample output")
         self.check_admissible(SIDE_SAMPLE, batch, "batch_size")
         if out is not None:
             arrays = self.out_arrays(out, batch)
