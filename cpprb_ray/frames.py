@@ -480,6 +480,10 @@ class LaneWriter:
                    ("generations", (batch,), np.dtype(np.uint64))]
         if out is not None and not isinstance(out, Mapping):
             raise TypeError(f"out must be a dict of arrays; got {type(out).__name__}")
+        if out is None:   # and the store's scratch double per row
+            row_bytes = sum(float(np.prod(shape[1:])) * np.dtype(dtype).itemsize
+                            for _, shape, dtype in wanted) + 8.0
+            _rules.check_memory(row_bytes * batch, "batch_size", batch, "sample output")
         for name, shape, dtype in wanted:
             if out is None:
                 result[name] = np.empty(shape, dtype=dtype)
