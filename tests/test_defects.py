@@ -380,9 +380,11 @@ HUGE_SAMPLE = """
     if len(sys.argv) > 1:
         limit = int(sys.argv[1])
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    for cls in (cpprb_ray.ReplayBuffer, cpprb_ray.PrioritizedReplayBuffer):
-        with cls(1024, {"obs": {}, "act": {}}) as rb:
-            rb.add(obs=[1.0, 2.0], act=[3.0, 4.0])
+    for cls, options in ((cpprb_ray.ReplayBuffer, {}), (cpprb_ray.PrioritizedReplayBuffer, {}),
+                         (cpprb_ray.ReplayBuffer, {"next_of": "obs", "lanes": 1})):
+        with cls(1024, {"obs": {}, "act": {}}, **options) as rb:
+            rb.add(obs=[1.0, 2.0], act=[3.0, 4.0],
+                   **({"next_obs": [2.0, 3.0]} if options else {}))
             try:
                 rb.sample(2**31)
             except ValueError as error:
@@ -397,8 +399,8 @@ HUGE_SAMPLE = """
 def _assert_huge_sample_refused(result: subprocess.CompletedProcess) -> None:
     assert_clean_exit(result)
     lines = result.stdout.splitlines()
-    assert lines[-1] == "done" and len(lines) == 3, result.stdout
-    for line in lines[:2]:
+    assert lines[-1] == "done" and len(lines) == 4, result.stdout
+    for line in lines[:3]:
         assert line.startswith("batch_size 2147483648 needs ") and "bytes of sample output" in line
         assert "bytes this process may use" in line
 
