@@ -939,7 +939,12 @@ def test_a_crafted_limiter_in_a_checkpoint_is_refused(tmp_path):
     description, sections = checkpoint.read_file(file)
     for key, value, words in (("min_size_to_sample", 9, "larger than the buffer"),
                               ("kind", "Queue", "unknown rate limiter"),
-                              ("inserts", -1, "rate limiter counts")):
+                              ("inserts", -1, "rate limiter counts"),
+                              # Fewer inserts since the last clear than rows stored, or more
+                              # than ever added: no writer leaves either.
+                              ("inserts", 2, "rate limiter inserts 2 with 3 rows stored"),
+                              ("inserts", 4, "rate limiter inserts 4 with 3 rows stored and "
+                                             "3 ever added")):
         crafted = dict(description)
         crafted["rate_limiter"] = dict(description["rate_limiter"], **{key: value})
         del crafted["sections"]
