@@ -488,3 +488,62 @@ def test_memory_limit_reads_the_cgroups_above_too(tmp_path, version):
     assert memory_limit(str(proc), str(root)) == min(machine or 1 << 62, 3 << 30)
     (base / "pod" / "job" / name).write_text(f"{1 << 30}\n")
     assert memory_limit(str(proc), str(root)) == 1 << 30
+
+
+# -- a corrupt tree node never becomes a weight --------------------------------------------------
+
+CORRUPT_VALUES = [float("nan"), -float("inf"), float("inf"), -1.0, 0.0, 1e-300, 1e300]
+
+
+def _assert_weights_or_corrupt(call) -> str:
+    """`call()` (a sample) raised the corrupt-segment error, or gave weights in (0, 1]."""
+    try:
+        batch = call()
+    except ValueError as error:
+        assert "corrupt" in str(error), error
+        return "corrupt"
+    weights = batch["weights"]
+    assert np.isfinite(weights).all() and (weights > 0).all() and (weights <= 1).all(), weights
+    return "weights"
+
+
+@pytest.mark.parametrize("capacity", [9, 100])
+def test_a_corrupt_tree_node_gives_the_corrupt_segment_error_never_bad_weights(capacity):
+    """Every double of the tree (sums, mins, padding) set in turn to NaN, -inf, inf, -1.0, 0.0,
+    or a value no leaf has, through the segment's memory; then a sample, an update of two
+    slots and a sample again. Each raises the corrupt-segment error or gives weights in (0, 1]:
+    90 of 384 such cases of a 9-slot tree returned NaN, inf, 0 or > 1 before, and one -inf in
+    node 37 plus one update made every weight inf."""
+    priorities = np.linspace(0.5, 4.0, capacity)
+    outcomes = {"corrupt": 0, "weights": 0}
+    with cpprb_ray.PrioritizedReplayBuffer(capacity, ENV, seed=1) as rb:
+        rb.add(obs=np.ones((capacity, 4)), rew=np.zeros(capacity), priorities=priorities)
+        tree_offset, _ = tree_offset_and_padding(rb)
+        nodes = np.frombuffer(rb._segment.memory, dtype=np.float64, offset=tree_offset,
+                              count=_store.tree_nbytes(capacity) // 8)
+        intact = nodes.copy()
+        try:
+            for node in range(len(nodes)):
+                for value in CORRUPT_VALUES:
+                    nodes[:] = intact
+                    if nodes[node] == value or (np.isnan(value) and np.isnan(nodes[node])):
+                        continue
+                    nodes[node] = value
+                    first = _assert_weights_or_corrupt(lambda: rb.sample(32, beta=0.4))
+                    try:
+                        rb.update_priorities([0, capacity - 1], [1.0, 2.0])
+                    except ValueError as error:
+                        assert "corrupt" in str(error), error
+                    try:
+                        second = _assert_weights_or_corrupt(lambda: rb.sample(32, beta=0.4))
+                    except AssertionError:
+                        raise AssertionError(f"node {node} = {value}, after an update: "
+                                             f"{nodes.tolist()}") from None
+                    outcomes[first] += 1
+                    outcomes[second] += 1
+            nodes[:] = intact
+            rb.update_priorities(np.arange(capacity), priorities)
+            assert _assert_weights_or_corrupt(lambda: rb.sample(32, beta=0.4)) == "weights"
+        finally:
+            del nodes    # its export of the segment: the close unmaps it
+    assert outcomes["corrupt"] > 0 and outcomes["weights"] > 0, outcomes
