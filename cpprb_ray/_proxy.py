@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from cpprb_ray import _layout, _orphans, buffer
+from cpprb_ray import _layout, _orphans, _rules, buffer
 
 WATCH_SECONDS = 0.5            # how often a proxy checks its owner and segment
 
@@ -76,15 +76,29 @@ class Proxy:
 
     def add(self, arrays: List[np.ndarray], priorities: Optional[np.ndarray],
             runs: List[Tuple[int, int, bool]], timeout: Optional[float]) -> Tuple[int, int]:
-        """Store the runs of rows in order, one store add each: (first slot, rows)."""
-        first = -1
-        for start, stop, given in runs:
-            slot = self._store.add([array[start:stop] for array in arrays],
-                                   priorities[start:stop] if given and priorities is not None
-                                   else None, timeout)
-            if first < 0:
-                first = int(slot)
-        return first, int(runs[-1][1]) if runs else 0
+        """Store a client's batch as ONE store add, whole or not at all: (first slot, rows).
+
+        `runs` ((start, stop, given) in order, covering every row once) say which rows came
+        with a priority. Everything is checked before anything is written. A row that came
+        without one gets what a local add in that order would give it: the largest priority
+        seen, as this proxy reads it just before the add, or given to a row before it in the
+        batch."""
+        rows = _batch_rows(arrays, priorities, runs)
+        given = np.zeros(rows, dtype=bool)
+        for start, stop, with_priority in runs:
+            given[start:stop] = with_priority
+        if not given.any():
+            chosen = None
+        elif not self._store.prioritized:
+            raise TypeError("priorities are only for a PrioritizedReplayBuffer")
+        else:
+            chosen = _rules.real_vector(priorities, rows, "priorities").copy()
+            self._store.check_priorities(np.ascontiguousarray(chosen[given]))
+            if not given.all():
+                seen = np.where(given, chosen, float(self._store.max_priority))
+                chosen[~given] = np.maximum.accumulate(seen)[~given]
+        slot = self._store.add(list(arrays), chosen, timeout)
+        return int(slot), rows
 
     def sample(self, batch: int, beta: float, timeout: Optional[float]) -> Dict[str, Any]:
         return self._store.sample(batch, beta, None, timeout)
@@ -116,6 +130,38 @@ class Proxy:
 
     def dump(self) -> Any:
         return self._store.dump()
+
+
+def _batch_rows(arrays: Any, priorities: Any, runs: Any) -> int:
+    """The rows of a batch sent to Proxy.add, or ValueError/TypeError saying what is wrong with
+    it: one array per column, each of the same rows; runs that cover them in order, each once;
+    priorities for them where a run says so."""
+    if not isinstance(arrays, (list, tuple)) or not arrays:
+        raise TypeError("arrays must be a non-empty list of arrays, one per column")
+    lengths = {len(array) for array in arrays}
+    if len(lengths) != 1:
+        raise ValueError(f"the columns of a batch have different numbers of rows: "
+                         f"{sorted(lengths)}")
+    rows = lengths.pop()
+    if not isinstance(runs, (list, tuple)) or not runs:
+        raise ValueError("runs must cover the batch's rows")
+    end = 0
+    for run in runs:
+        if (not isinstance(run, (list, tuple)) or len(run) != 3
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in run[:2])):
+            raise TypeError(f"each run must be (start, stop, given); got {_rules.shown(run)}")
+        start, stop, given = run
+        if start != end or not start < stop <= rows:
+            raise ValueError(f"the runs must cover the batch's {rows} rows in order, each once; "
+                             f"got {_rules.shown(list(runs), 80)}")
+        if given and priorities is None:
+            raise ValueError(f"run {_rules.shown(run)} says its rows came with priorities; "
+                             f"none were sent")
+        end = stop
+    if end != rows:
+        raise ValueError(f"the runs must cover the batch's {rows} rows in order, each once; "
+                         f"got {_rules.shown(list(runs), 80)}")
+    return rows
 
 
 _proxy_classes: Dict[int, Any] = {}
