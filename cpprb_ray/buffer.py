@@ -966,8 +966,10 @@ class ReplayBuffer:
     def stats(self) -> Dict[str, Any]:
         """stats() -> dict: what the buffer has done, as every process sees it.
 
-        Cheap (no lock; each count is one aligned load, exact on its own, while two counts may
-        be from moments a call apart), so it can be polled every second from any process:
+        Cheap (one copy of the counters under the lock, a few hundred nanoseconds), so it can be
+        polled every second from any process; the counts are of one moment. Should the lock not
+        come within 50 ms (a holder stopped by SIGSTOP or a debugger), each count is read
+        without it instead, exact on its own, two of them possibly a call apart:
 
         ``inserts``, ``samples``
             Rows ever added (those of an add that a repair rolled back do not count) and rows
@@ -986,6 +988,9 @@ class ReplayBuffer:
         ``lock_holder``
             The thread id holding the lock now (0: free); one that never changes over seconds
             is a process stopped (SIGSTOP, a debugger) inside a call.
+        ``snapshot``
+            True when the counts were copied under the lock (one moment), False when the lock
+            did not come within 50 ms and they were read one by one.
         ``huge_page_bytes``
             Bytes of THIS process's mapping of the segment backed by 2 MiB pages (the tree
             and the rows, where the kernel can; 0 on a node that reaches the buffer through
