@@ -141,12 +141,15 @@ def test_dtype_casting(backend):
         np.testing.assert_array_equal(all_rows["i"][:, 0], [4, 1, 0, 7])
         np.testing.assert_array_equal(all_rows["u"], [[1, 2], [3, 4], [5, 6], [7, 8]])
         assert all_rows["f"].dtype == np.float32 and all_rows["i"].dtype == np.int64
-        # float into an int64 column is not a same_kind cast.
-        with pytest.raises(TypeError, match="'i'"):
+        # Floats into an int64 column: whole numbers it holds go in (as cpprb takes them);
+        # a fraction is refused by name and position, where cpprb would truncate it.
+        with pytest.raises(ValueError, match="column 'i' has dtype int64; got 1.5, not a whole"):
             rb.add(f=1.0, i=1.5, u=np.array([1, 2], dtype=np.uint8))
-        with pytest.raises(TypeError, match="'i'"):
-            rb.add(f=1.0, i=np.array([1.0, 2.0]), u=np.ones((2, 2), np.uint8))
+        with pytest.raises(ValueError, match=r"'i'.* got 2.5 at index \(1,\)"):
+            rb.add(f=[1.0, 1.0], i=np.array([1.0, 2.5]), u=np.ones((2, 2), np.uint8))
         assert rb.get_stored_size() == 4
+        rb.add(f=[1.0, 1.0], i=np.array([1.0, 2.0]), u=np.ones((2, 2), np.uint8))
+        assert rb.get_all_transitions()["i"][-2:, 0].tolist() == [1, 2]
 
 
 @pytest.mark.parametrize("cls", [PrioritizedReplayBuffer, ReplayBuffer])
