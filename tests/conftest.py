@@ -16,6 +16,13 @@ from cpprb_ray import _store
 
 SEGMENT_PREFIX = "cpprb_ray"
 
+# The one Ray runtime the tests start on their own stays on loopback: Ray (2.60) binds a local
+# instance to the machine's outward address, even given 127.0.0.1, unless this is "0". Set
+# before any test module imports ray. (A second node cannot join such a node: the two-node
+# harness, benchmarks/_two_nodes.py, removes it from its nodes' environment.)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+LOOPBACK = "127.0.0.1"
+
 
 def _segment_dirs() -> list[str]:
     dirs = [d for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d)]
@@ -119,6 +126,8 @@ def no_leaked_segments():
 def ray_session():
     """One real Ray runtime (2 CPUs) for the whole session, started on first use."""
     import ray
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # address="local": a runtime of its own, never a cluster that RAY_ADDRESS names.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address=LOOPBACK)
     yield ray
     ray.shutdown()

@@ -170,3 +170,14 @@ def test_a_proxy_adds_a_batch_whole_or_not_at_all(ray_session, backend):
         assert rb._store.check_tree()[1].tolist() == local._store.check_tree()[1].tolist()
         assert rb.get_max_priority() == local.get_max_priority() == 5.0
         ray.kill(actor)
+
+
+def test_the_tests_own_ray_runtime_stays_on_loopback(ray_session):
+    """The single node the tests start (conftest: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before
+    ray is imported, node ip 127.0.0.1) listens on loopback only: Ray 2.60 bound it to the
+    machine's outward address, even given 127.0.0.1."""
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    assert [node["NodeManagerAddress"] for node in nodes] == ["127.0.0.1"]
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
+    assert ray.get(ray.remote(lambda: ray.util.get_node_ip_address()).remote(),
+                   timeout=TIMEOUT) == "127.0.0.1"
