@@ -225,18 +225,21 @@ def test_nstep_config_is_saved_and_staging_is_not(tmp_path):
             assert copy.get_stored_size() == stored + 1
 
 
-def test_save_while_other_processes_add_and_update(backend, tmp_path):
+@pytest.mark.parametrize("capacity", [4096, 1 << 18])
+def test_save_while_other_processes_add_and_update(backend, tmp_path, capacity):
     """A writer adds rows of consecutive serials and an updater changes priorities while the
     parent saves: every checkpoint holds exactly the last `stored` serials in their ring slots,
-    its counters agree, its tree is exact, and no torn row is ever sampled from it."""
-    capacity = 4096
+    its counters agree, its tree is exact, and no torn row is ever sampled from it. At 2**18
+    rows the save copies them in chunks, each under its own hold of the lock, while the
+    writer adds between them; the slots it wrote meanwhile are copied again in the last."""
     ctx = context()
+    start = 64 if capacity == 4096 else capacity      # the big one full: every chunk copies
     with cpprb_ray.PrioritizedReplayBuffer(capacity, ENV, backend=backend) as rb:
-        rb.add(**rows(0, 64))
-        progress = ctx.Value("q", 64)
+        rb.add(**rows(0, start))
+        progress = ctx.Value("q", start)
         writer_ready, updater_ready = ctx.Event(), ctx.Event()
         writer = ctx.Process(target=_workers.kill_writer,
-                             args=(rb, 64, 97, progress, writer_ready))
+                             args=(rb, start, 97, progress, writer_ready))
         updater = ctx.Process(target=_workers.kill_updater, args=(rb, updater_ready))
         writer.start()
         updater.start()
@@ -247,6 +250,11 @@ def test_save_while_other_processes_add_and_update(backend, tmp_path):
                 time.sleep(0.02)
                 files.append(tmp_path / f"rb{k}.ckpt")
                 rb.save(files[-1])
+            holds = rb._store.dump()[0]["lock_holds"]
+            stride = rb._layout.row_stride
+            # A start, a hold per 4 MiB of rows (one whole copy only if writers outpaced it
+            # three times), and the last.
+            assert holds >= 2 + capacity * stride // (4 << 20) or holds == 7, holds
         finally:
             for child in (writer, updater):
                 child.kill()
@@ -256,7 +264,7 @@ def test_save_while_other_processes_add_and_update(backend, tmp_path):
             with cpprb_ray.PrioritizedReplayBuffer.load(file, backend=backend) as copy:
                 stored, added = copy.get_stored_size(), copy._store.rows_added
                 states.add(added)
-                assert added >= 64 and (added - 64) % 97 == 0     # whole adds only
+                assert added >= start and (added - start) % 97 == 0     # whole adds only
                 assert stored == min(added, capacity)
                 assert copy.get_next_index() == added % capacity
                 everything = copy.get_all_transitions()
