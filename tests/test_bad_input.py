@@ -17,10 +17,15 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ours
 
 import cpprb_ray
 from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer, _store
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:   # conftest by name, whatever pytest's import mode
+    sys.path.insert(0, TESTS_DIR)
+
+from conftest import ours  # noqa: E402
 
 ENV = {"obs": {"shape": 3}, "act": {"dtype": np.int64}, "rew": {}}
 HEADER_BYTES = 256    # the fixed header fields, after an 8-byte magic (see _store.pyx)

@@ -184,9 +184,14 @@ def test_sample_never_refills_arrays_somebody_holds(backend, cls):
             for _ in range(3):                      # every kept set, whichever comes back
                 batch = rb.sample(16)
                 if change == "shape":
-                    batch["obs"].shape = (8, 6)
+                    # In place (numpy 2.5 deprecates setting .shape; resize is not).
+                    batch["obs"].resize((8, 6), refcheck=False)
                 elif change == "dtype":
-                    batch["rew"].dtype = np.int32
+                    # Deprecated in numpy 2.5 but still possible (no other way changes an
+                    # array's dtype in place): the store must still notice.
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", DeprecationWarning)
+                        batch["rew"].dtype = np.int32
                 else:
                     batch["act"].flags.writeable = False
                 del batch
