@@ -10,8 +10,9 @@
 #   make wheel-check  sdist -> wheel, installed in a venv without Cython, smoke-tested
 #   make lint         ruff, mypy, stubtest and cython-lint
 #   make docs         the documentation site, docs/_build/html (sphinx -W: a warning fails it)
-#   make bench-peers  .venv-tianshou and .venv-torchrl, for benchmarks/bench_buffer.py's peers
-#   make compare      benchmarks/compare.py against every peer (COMPARE_FLAGS=--quick: < 3 min)
+#   make bench-peers  .venv-tianshou, .venv-torchrl, .venv-reverb: the benchmarks' peers
+#   make compare      benchmarks/compare.py against every peer (COMPARE_FLAGS=--quick: < 7 min)
+#   make cpprb-suite  cpprb's own tests on cpprb and on cpprb_ray (CPPRB_TESTS=its test folder)
 #   make clean        build outputs;  make distclean: also every .venv*
 #
 # Virtual environments live in the repository (.venv*/ is gitignored):
@@ -21,8 +22,8 @@
 #   .venv-debug   a debug build made in a copy of the tree (.venv-debug/src), never in place
 #   .venv-asan    a sanitizer build, likewise in a copy (.venv-asan/src)
 #   .venv-wheel   rebuilt by every wheel-check, without Cython
-#   .venv-tianshou, .venv-torchrl  Python 3.11: a peer library (their torch pins differ), cpprb,
-#                 and this package editable, so that bench_buffer.py runs all three in one process
+#   .venv-tianshou, .venv-torchrl, .venv-reverb  Python 3.11: a peer library (their pins
+#                 differ), cpprb, and this package editable, so that one process runs all three
 # Extension modules carry their ABI tag (cpython-311 / cpython-37m), so the 3.11 and 3.7 in-place
 # builds coexist; setup.py keeps generated C under build/cython-<version>/, per Cython version.
 
@@ -56,10 +57,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: help venv test test-isolation test-debug test-asan test37 venv37 test313 venv313 wheel-check demo lint docs bench-peers compare clean distclean
+.PHONY: help venv test test-isolation cpprb-suite test-debug test-asan test37 venv37 test313 venv313 wheel-check demo lint docs bench-peers compare clean distclean
 
 help:
-	@sed -n '2,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,17p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------------------------------------
 # .venv: Python 3.11, editable install with the extensions built in place.
@@ -120,7 +121,7 @@ demo: venv
 # ruff and mypy on the Python, stubtest of the .pyi stubs against the built extensions, and
 # cython-lint on the Cython sources.
 lint: venv
-	.venv/bin/ruff check cpprb_ray tests benchmarks examples
+	.venv/bin/ruff check cpprb_ray tests benchmarks examples tools
 	.venv/bin/mypy cpprb_ray
 	.venv/bin/python -m mypy.stubtest cpprb_ray --allowlist .ci/stubtest-allowlist.txt
 	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/cython-lint --max-line-length 100 \
@@ -137,6 +138,13 @@ docs: venv .venv/.docs
 	rm -rf docs/_build/html
 	.venv/bin/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
 	@echo "== docs/_build/html/index.html"
+
+# cpprb's own test files against cpprb and against cpprb_ray through `import cpprb` (a stand-in
+# package re-exporting cpprb_ray, on the path of that run only): the per-file table, and every
+# test that passes on cpprb only with its documented reason (tools/cpprb_suite/run.py). The tests
+# come from CPPRB_TESTS (a checkout's test/ folder), else from cpprb's sdist if it ships them.
+cpprb-suite: venv
+	.venv/bin/python tools/cpprb_suite/run.py $(if $(CPPRB_TESTS),--tests "$(CPPRB_TESTS)")
 
 # ---------------------------------------------------------------------------------------------
 # Debug build: CPPRB_RAY_DEBUG=1 (boundscheck, wraparound, initializedcheck, -O0 -g -UNDEBUG),
@@ -335,21 +343,33 @@ wheel-check:
 
 
 # ---------------------------------------------------------------------------------------------
-# Peer libraries for benchmarks/bench_buffer.py, each in its own venv because their torch pins
-# differ: tianshou 2.0.1 on the CPU torch 2.13.0 wheel in $(TORCH_WHEELS) (else PyPI's), TorchRL
-# 0.14.1 on torch 2.14.1 (PyPI: ~5 GB of CUDA packages; it runs on the CPU). Each also gets cpprb
-# and this package (editable, extensions built in place as for .venv), so one process can
-# interleave calls to all three. Then:
+# Peer libraries for the benchmarks, each in its own venv because their pins differ; each also
+# gets cpprb and this package (editable, extensions built in place as for .venv), so that one
+# process can interleave calls to all three. What they take from PyPI (installed sizes):
+#   .venv-tianshou  tianshou 2.0.1 on torch 2.13.0: 1.5 GB with the CPU-only torch wheel from
+#                   $(TORCH_WHEELS) when that folder holds it, else PyPI's torch with its CUDA
+#                   packages (about 5 GB more; it runs on the CPU all the same)
+#   .venv-torchrl   TorchRL 0.14.1 and tensordict 0.14.3 on torch 2.14.1: 5.5 GB (TorchRL's C++
+#                   segment tree is built for 2.14 and does not load on 2.13; PyPI has no
+#                   CPU-only 2.14.1). TORCH_INDEX=<PyTorch's CPU wheel index> takes the CPU-only
+#                   wheel from there instead, where that index can be reached
+#   .venv-reverb    dm-reverb 0.14.0 with tensorflow-cpu 2.15.0 and numpy < 2: 1.3 GB (Reverb's
+#                   last release, built for TensorFlow 2.15)
+# Then:
 #     .venv-tianshou/bin/python benchmarks/bench_buffer.py
-#     .venv-torchrl/bin/python benchmarks/bench_buffer.py
+#     .venv-reverb/bin/python benchmarks/bench_writers.py
 
 TORCH_WHEELS ?= /opt/wheels
+TORCH_INDEX ?=
 TIANSHOU_PINS := "torch==2.13.0" "tianshou==2.0.1"
-TORCHRL_PINS := "torch==2.14.1" "torchrl==0.14.1" "tensordict==0.14.3"
+TORCHRL_PINS := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+    "torch==2.14.1" "torchrl==0.14.1" "tensordict==0.14.3"
+REVERB_PINS := "dm-reverb==0.14.0" "tensorflow-cpu==2.15.0" "numpy<2"
 # Our package's build and run requirements, plus the library every table compares against.
 PEER_COMMON := "setuptools>=61" wheel "Cython>=3.1" numpy cpprb
 
-# $(call peer_venv,DIR,PINS): create DIR with PINS, cpprb and this package (editable).
+# $(call peer_venv,DIR,PINS,IMPORT): create DIR with PINS, cpprb and this package (editable),
+# then check that IMPORT (the peer's module) imports.
 define peer_venv
 	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
@@ -357,24 +377,28 @@ define peer_venv
 	$(1)/bin/python -m pip install $(PIP_FLAGS) \
 	    $$(test -d $(TORCH_WHEELS) && echo --find-links $(TORCH_WHEELS)) $(PEER_COMMON) $(2)
 	$(1)/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation --no-deps -e .
-	$(1)/bin/python -c 'import cpprb, cpprb_ray._store; print("$(1): ok")'
+	$(1)/bin/python -c 'import cpprb, cpprb_ray._store, $(3); print("$(1): ok")'
 	touch $(1)/.deps
 endef
 
 .venv-tianshou/.deps: pyproject.toml setup.py $(EXT_SOURCES)
-	$(call peer_venv,.venv-tianshou,$(TIANSHOU_PINS))
+	$(call peer_venv,.venv-tianshou,$(TIANSHOU_PINS),tianshou)
 
 .venv-torchrl/.deps: pyproject.toml setup.py $(EXT_SOURCES)
-	$(call peer_venv,.venv-torchrl,$(TORCHRL_PINS))
+	$(call peer_venv,.venv-torchrl,$(TORCHRL_PINS),torchrl._torchrl)
 
-bench-peers: .venv-tianshou/.deps .venv-torchrl/.deps
+.venv-reverb/.deps: pyproject.toml setup.py $(EXT_SOURCES)
+	$(call peer_venv,.venv-reverb,$(REVERB_PINS),reverb)
+
+bench-peers: .venv-tianshou/.deps .venv-torchrl/.deps .venv-reverb/.deps
 
 # Every microbenchmark side by side, each peer in its venv; report in compare-results/.
 COMPARE_FLAGS ?=
 compare: venv bench-peers
 	.venv/bin/python benchmarks/compare.py $(COMPARE_FLAGS) \
 	    --peer-python tianshou=.venv-tianshou/bin/python \
-	    --peer-python torchrl=.venv-torchrl/bin/python
+	    --peer-python torchrl=.venv-torchrl/bin/python \
+	    --peer-python reverb=.venv-reverb/bin/python
 
 # ---------------------------------------------------------------------------------------------
 
@@ -385,4 +409,4 @@ clean:
 	find cpprb_ray tests benchmarks -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
 
 distclean: clean
-	rm -rf .venv .venv37 .venv313 .venv-tianshou .venv-torchrl
+	rm -rf .venv .venv37 .venv313 .venv-tianshou .venv-torchrl .venv-reverb

@@ -1,28 +1,29 @@
 """compare.py's report: the Markdown tables and the plots, from what the groups measured.
 
-Every library's figures come from one group: cpprb_ray's buffer from the "cpprb" group and its
-tree from the "rllib" group (each measured in this interpreter), every peer from its own
-group. A peer's ratio is the one its group measured against its own in-process cpprb_ray.
+Every group (one process) measures cpprb_ray's buffer or tree beside its peers, call by call;
+the report has one table per group and kind (buffers, trees), each line showing that process's
+cpprb_ray figure and every peer's figure with its ratio to it: a ratio is always against the
+cpprb_ray figure on its own line. The plots draw absolute times, cpprb_ray's from its home
+process ("cpprb" for the buffer, "rllib" for the tree).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 if __package__:
     from . import _common as common
     from . import _workloads as workloads
-    from . import bench_apex
+    from . import bench_apex, bench_writers
 else:  # imported by a script run from this folder
     import _common as common
     import _workloads as workloads
     import bench_apex
+    import bench_writers
 
 #: The group whose figures stand for a library measured in several groups.
 HOME = {key: (group,) for key, group in workloads.HOME_GROUP.items()}
-BUFFERS = [key for key, library in workloads.LIBRARIES.items() if library.kind == "buffer"]
-TREES = [key for key, library in workloads.LIBRARIES.items() if library.kind == "tree"]
 
 
 def _case_key(row: Dict[str, Any]) -> Tuple[str, int, int, str]:
@@ -59,37 +60,49 @@ def _cases(rows: List[Dict[str, Any]]) -> List[Tuple[str, int, int, str]]:
     return list(dict.fromkeys(_case_key(row) for row in rows))
 
 
-def _cell(row: Optional[Dict[str, Any]], reference: bool) -> str:
-    if row is None:
-        return "-"
-    if reference:
-        return f"{row['median_us']:.1f} [{row['min_us']:.1f}–{row['max_us']:.1f}]"
-    return f"{row['median_us']:.1f} ({row['ratio']:.1f}x)"
+def _spread(row: Dict[str, Any]) -> str:
+    return f"{row['median_us']:.1f} [{row['min_us']:.1f}–{row['max_us']:.1f}]"
 
 
-def summary_table(rows: List[Dict[str, Any]], keys: List[str]) -> str:
-    """One line per case: the reference's median [min–max] µs, every peer's median µs and
-    (its ratio to the reference measured in its own process)."""
-    present = [key for key in keys if any(row["library"] == key for row in rows)]
-    if not present:
+def group_rows(groups: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Every row of every group, tagged with its group, in the report's order."""
+    rows = [dict(row, group=group) for group, result in groups.items()
+            for row in result["rows"]]
+    return sorted(rows, key=lambda r: (
+        list(workloads.GROUPS).index(r["group"]) if r["group"] in workloads.GROUPS else 99,
+        workloads.OPERATIONS.index(r["operation"]), r["batch"], r["warmth"] != "warm",
+        r["exponent"], list(workloads.LIBRARIES).index(r["library"])))
+
+
+def group_table(rows: List[Dict[str, Any]], group: str, kind: str) -> str:
+    """One process's table of one kind: per case, its cpprb_ray median [min–max] µs, then
+    every peer's median [min–max] µs and (its median / that cpprb_ray median)."""
+    mine = [row for row in rows if row["group"] == group
+            and workloads.LIBRARIES[row["library"]].kind == kind]
+    peers = [key for key in workloads.GROUPS.get(group, ())
+             if workloads.LIBRARIES[key].kind == kind and workloads.LIBRARIES[key].reference
+             and any(row["library"] == key for row in mine)]
+    if not peers:
         return ""
-    found = {(row["library"], _case_key(row)): row for row in rows}
-    head = ["operation", "capacity", "warmth"]
-    for key in present:
-        label = workloads.LIBRARIES[key].label
-        reference = workloads.LIBRARIES[key].reference
-        head.append(f"{label} µs median [min–max]" if reference is None else
-                    f"{label} µs (x {workloads.LIBRARIES[reference].label})")
+    reference = workloads.LIBRARIES[peers[0]].reference
+    found = {(row["library"], _case_key(row)): row for row in mine}
+    head = ["operation", "capacity", "warmth",
+            f"{workloads.LIBRARIES[reference].label} µs median [min–max]"]
+    head += [f"{workloads.LIBRARIES[key].label} µs (ratio)" for key in peers]
     lines = []
-    for case in _cases([row for row in rows if row["library"] in present]):
+    for case in _cases(mine):
+        ours = found.get((reference, case))
+        if ours is None or not any((key, case) in found for key in peers):
+            continue
         operation, exponent, batch, warmth = case
-        label = workloads.Case(operation, exponent, batch, warmth).label
-        cells = [label, f"2^{exponent}", warmth]
-        for key in present:
-            cells.append(_cell(found.get((key, case)),
-                               workloads.LIBRARIES[key].reference is None))
+        cells = [workloads.Case(operation, exponent, batch, warmth).label, f"2^{exponent}",
+                 warmth, _spread(ours)]
+        for key in peers:
+            row = found.get((key, case))
+            cells.append("-" if row is None else
+                         f"{_spread(row)} ({row['median_us'] / ours['median_us']:.1f}x)")
         lines.append(cells)
-    return common.markdown_table(head, lines, "lll" + "r" * len(present))
+    return common.markdown_table(head, lines, "lll" + "r" * (1 + len(peers)))
 
 
 def detail_table(rows: List[Dict[str, Any]]) -> str:
@@ -132,6 +145,34 @@ def _frames_table(result: Dict[str, Any]) -> str:
                                   "max µs"], rows, "lllrrr")
 
 
+def shown(text: str) -> str:
+    """A command or path as the report shows it: relative to the checkout, its temporary JSON
+    files as FILE, so that a report pasted into the docs names no folder of this machine.
+
+    >>> shown(os.path.join(common.REPO_ROOT, ".venv", "bin", "python") + " x --json "
+    ...       + os.path.join(os.sep + "tmp", "cpprb_ray_compare_x1", "apex.json"))
+    '.venv/bin/python x --json FILE'
+    """
+    words = []
+    for word in text.split(" "):
+        if "cpprb_ray_compare_" in word:
+            word = "FILE"
+        elif os.path.isabs(word):
+            relative = os.path.relpath(word, common.REPO_ROOT)
+            word = relative if not relative.startswith("..") else os.path.basename(word)
+        words.append(word)
+    return " ".join(words)
+
+
+def _writers_table(result: Dict[str, Any]) -> str:
+    """bench_writers.py's table (one line per library and K) and its target lines."""
+    lines = [bench_writers.table(result.get("summary", []))]
+    skipped = result.get("skipped", {})
+    lines += [""] + [f"- {line}" for line in result.get("verdicts", [])]
+    lines += [f"- skipped: {library}: {why}" for library, why in skipped.items()]
+    return "\n".join(lines)
+
+
 def markdown(payload: Dict[str, Any], detail: bool) -> str:
     """The report: header, skips, the buffer and tree tables, the other workloads; with
     `detail`, the plots and every figure too (results.md)."""
@@ -145,29 +186,39 @@ def markdown(payload: Dict[str, Any], detail: bool) -> str:
         versions = result["versions"]
         named = ", ".join(f"{name} {versions[name]}" for name in (
             "python", "numpy", "cpprb_ray", "cpprb", "ray", "torch", "tianshou", "torchrl",
-            "tensordict") if name in versions)
-        out.append(f"- process {group} ({result['interpreter']}, {result['wall_s']:.0f} s): "
+            "tensordict", "dm-reverb", "tensorflow-cpu") if name in versions)
+        out.append(f"- process {group} ({shown(result['interpreter'])}, "
+                   f"{result['wall_s']:.0f} s): "
                    f"{named}")
     for group, why in payload["skipped"].items():
-        out.append(f"- skipped: group {group}: {why}")
+        out.append(f"- skipped: group {group}: {shown(why)}")
     for group, result in payload["groups"].items():
         for key, why in result["skipped"].items():
-            out.append(f"- skipped: {key} (in process {group}): {why}")
+            out.append(f"- skipped: {key} (in process {group}): {shown(why)}")
     out += ["", "µs per call, single calls interleaved one by one between the libraries of a "
-            "process (cold: a 64 MiB cache sweep before every call). A peer's ratio is its "
-            "median / the median of the cpprb_ray buffer or tree measured in the SAME process "
-            "and rounds; the cpprb_ray columns come from process cpprb (buffer) and rllib "
-            "(tree), so a ratio need not be the quotient of two columns.", ""]
-    rows = payload["rows"]
-    for title, keys in (("Buffers", BUFFERS), ("Segment trees", TREES)):
-        table = summary_table(rows, keys)
-        if table:
-            out += [f"## {title}", "", table, ""]
+            "process (cold: a 64 MiB cache sweep before every call), median [min–max] over the "
+            "rounds. One table per process: each line's ratio is the peer's median over the "
+            "cpprb_ray median on the same line, measured in the same process and rounds.", ""]
+    rows = group_rows(payload["groups"])
+    for kind, title in (("buffer", "Buffers"), ("tree", "Segment trees")):
+        tables = []
+        for group in payload["groups"]:
+            table = group_table(rows, group, kind)
+            if table:
+                names = ", ".join(workloads.LIBRARIES[key].label
+                                  for key in workloads.GROUPS.get(group, ())
+                                  if workloads.LIBRARIES[key].kind == kind
+                                  and workloads.LIBRARIES[key].reference)
+                tables += [f"### {names} (process {group})", "", table, ""]
+        if tables:
+            out += [f"## {title}", ""] + tables
     extras = payload["extras"]
     for name, title, render in (("apex", "Ape-X ingest (bench_apex.py)", _apex_table),
                                 ("multi_node", "Multi-node (bench_apex.py --remote)",
                                  _apex_table),
-                                ("frames", "Frames (bench_frames.py)", _frames_table)):
+                                ("frames", "Frames (bench_frames.py)", _frames_table),
+                                ("writers", "The learner under many writers (bench_writers.py)",
+                                 _writers_table)):
         record = extras.get(name)
         if record is None:
             continue
@@ -175,7 +226,7 @@ def markdown(payload: Dict[str, Any], detail: bool) -> str:
         if "skipped" in record:
             out += [f"skipped: {record['skipped']}", ""]
         else:
-            out += [f"`{record['command']}`", "", render(record["result"]), ""]
+            out += [f"`{shown(record['command'])}`", "", render(record["result"]), ""]
     if detail:
         if payload.get("plots"):
             out += ["## Plots", ""]
@@ -187,11 +238,11 @@ def markdown(payload: Dict[str, Any], detail: bool) -> str:
 def plot_name(operation: str) -> str:
     """The PNG of an operation.
 
-    >>> plot_name("learner step"), plot_name("add(64)")
-    ('learner_step.png', 'add_64.png')
+    >>> plot_name("learner step"), plot_name("add(64)"), plot_name("add(1) with a priority")
+    ('learner_step.png', 'add_64.png', 'add_1_with_a_priority.png')
     """
     slug = "".join(ch if ch.isalnum() else "_" for ch in operation).strip("_")
-    return f"{slug}.png"
+    return "_".join(part for part in slug.split("_") if part) + ".png"
 
 
 def plots(payload: Dict[str, Any], out_dir: str) -> Tuple[List[str], str]:
@@ -206,7 +257,7 @@ def plots(payload: Dict[str, Any], out_dir: str) -> Tuple[List[str], str]:
         import matplotlib.pyplot as plt
     except ImportError as error:
         return [], f"matplotlib is not importable ({error})"
-    rows = payload["rows"]
+    rows = canonical_rows(payload["groups"])
     written = []
     for operation in workloads.OPERATIONS:
         mine = [row for row in rows if row["operation"] == operation]
@@ -237,10 +288,16 @@ def plots(payload: Dict[str, Any], out_dir: str) -> Tuple[List[str], str]:
             axis.set_ylabel("µs per call (median)")
             axis.set_title(f"{workloads.Case(operation, 10, batch, warmth).label}, {warmth}")
             axis.grid(True, which="both", alpha=0.3)
-            axis.legend(fontsize="small")
+        # One legend for the figure, right of the panels: inside a panel it covered lines.
+        legend: Dict[str, Any] = {}
+        for axis in figure.axes:
+            for handle, label in zip(*axis.get_legend_handles_labels()):
+                legend.setdefault(label, handle)
         figure.tight_layout()
+        figure.legend(list(legend.values()), list(legend), loc="center left",
+                      bbox_to_anchor=(1.0, 0.5), fontsize="small", frameon=False)
         path = os.path.join(out_dir, plot_name(operation))
-        figure.savefig(path, dpi=90)
+        figure.savefig(path, dpi=90, bbox_inches="tight")
         plt.close(figure)
         written.append(path)
     return written, ""

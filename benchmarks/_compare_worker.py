@@ -41,7 +41,8 @@ def versions(modules: Dict[str, Any]) -> Dict[str, str]:
 
     out = {"python": platform.python_version(), "numpy": np.__version__,
            "interpreter": sys.executable}
-    for name in ("cpprb", "ray", "torch", "tianshou", "torchrl", "tensordict"):
+    for name in ("cpprb", "ray", "torch", "tianshou", "torchrl", "tensordict", "dm-reverb",
+                 "tensorflow-cpu"):
         try:
             from importlib.metadata import version
 
@@ -87,8 +88,11 @@ def run_group(spec: Dict[str, Any], progress: Callable[[str], None]) -> Dict[str
         try:
             modules[key] = workloads.import_library(key)
         except Exception as error:  # ImportError, or a broken install raising anything
+            how = workloads.GET_GROUP.get(spec["group"], "")
             skipped[key] = (f"not importable by {sys.executable} ({type(error).__name__}: "
-                            f"{error})")
+                            f"{str(error).splitlines()[0] if str(error) else ''})"
+                            + (f"; to get it: {how}" if how and "bench-peers" not in
+                               str(error) else ""))
     for key in list(modules):
         reference = workloads.LIBRARIES[key].reference
         if reference is not None and reference not in modules:
@@ -113,6 +117,13 @@ def run_group(spec: Dict[str, Any], progress: Callable[[str], None]) -> Dict[str
         adapters: Dict[str, Any] = {}
         try:
             for key, module in modules.items():
+                limit = workloads.FILL_LIMITS.get(key, {}).get(spec["plan"].get("kind", "full"))
+                if limit is not None and exponent > limit:
+                    skipped[f"{key} at 2^{exponent}"] = (
+                        f"not filled: a fill makes one item per row through Python (about "
+                        f"two minutes for 2^20 rows on a quiet 2-core machine); this run stops "
+                        f"at 2^{limit}")
+                    continue
                 try:
                     began = clock()
                     adapters[key] = workloads.make(key, module, capacity, spec["seed"])
@@ -125,9 +136,12 @@ def run_group(spec: Dict[str, Any], progress: Callable[[str], None]) -> Dict[str
             # walk them each time.
             gc.collect()
             gc.freeze()
+            peers_here = [key for key in adapters if workloads.LIBRARIES[key].reference]
             for case in (c for c in cases if c.exponent == exponent):
                 calls = {key: workloads.call(key, adapter, case, inputs)
                          for key, adapter in adapters.items() if workloads.supports(key, case)}
+                if peers_here and not any(key in calls for key in peers_here):
+                    calls = {}  # no peer here has it: nothing to compare ours with
                 began = clock()
                 if calls:
                     rows.extend(case_rows(case, measure_case(calls, case.warmth, spec["plan"],

@@ -622,12 +622,17 @@ def main(argv=None) -> int:
             print(f"--remote: {why_not}", file=sys.stderr)
             return 2
         cluster = _two_nodes.TwoNodes(path.split(os.pathsep))
-        address = cluster.start()
-        print(f"two-node cluster at {address} (temp dir {cluster.directory})", file=sys.stderr,
-              flush=True)
-        ray.init(address=address, log_to_driver=True,
-                 runtime_env={"env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}})
-        _two_nodes.wait_for_nodes(ray, 2)
+        try:  # stopped (SIGINT: compare.py's timeout) while starting: end the nodes too
+            address = cluster.start()
+            print(f"two-node cluster at {address} (temp dir {cluster.directory})",
+                  file=sys.stderr, flush=True)
+            ray.init(address=address, log_to_driver=True, runtime_env={
+                "env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}})
+            _two_nodes.wait_for_nodes(ray, 2)
+        except BaseException:
+            ray.shutdown()
+            cluster.stop()
+            raise
     else:
         # Its own single node stays on loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, set in
         # main() before ray is imported; the two-node cluster above needs it unset).

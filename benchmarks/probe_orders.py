@@ -1,5 +1,5 @@
-"""Three questions behind the headline's update(256) and cold rows (docs/benchmarks.md, "fourth
-session" and "sixth session"). Run from the repository root (cpprb_ray built in place, e.g. by
+"""Three questions behind the headline's update(256) and cold rows (docs/benchmarks.md, "What
+limits us"). Run from the repository root (cpprb_ray built in place, e.g. by
 ``make venv``)::
 
     .venv/bin/python benchmarks/probe_orders.py update             # about 1 minute

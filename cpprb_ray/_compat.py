@@ -13,6 +13,7 @@ import inspect
 import io
 import os
 import pickle
+import warnings
 import zipfile
 from typing import Any, Callable, Dict, Mapping, Tuple, TypeVar
 
@@ -31,8 +32,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 # cpprb constructor arguments that cpprb_ray's signatures do not have, and what to use instead.
 # An entry stops applying as soon as the constructor takes the name itself.
 REFUSED_ARGUMENTS = {
-    "mmap_prefix": "cpprb_ray maps one segment per buffer: give backend='mmap', "
-                   "path='/data/replay.buf' for a buffer in a file (on disk, larger than RAM)",
     "next_of": "next_of= (observations stored once) is not available in this version; give "
                "the next observation its own env_dict column (e.g. 'next_obs')",
     "stack_compress": "stack_compress= is not available in this version; store the stacked "
@@ -52,10 +51,10 @@ def cpprb_arguments(init: F) -> F:
     Examples
     --------
     >>> from cpprb_ray import ReplayBuffer
-    >>> ReplayBuffer(8, {"obs": {}}, mmap_prefix="rb")
+    >>> ReplayBuffer(8, {"obs": {}}, alpha=0.5)
     Traceback (most recent call last):
     ...
-    TypeError: ReplayBuffer() does not take cpprb's mmap_prefix=: cpprb_ray maps one segment ...
+    TypeError: ReplayBuffer() does not take cpprb's alpha=: alpha= is PrioritizedReplayBuffer's ...
     """
     accepted = set(inspect.signature(init).parameters)
 
@@ -68,6 +67,28 @@ def cpprb_arguments(init: F) -> F:
         init(self, *args, **kwargs)
 
     return checked  # type: ignore[return-value]
+
+
+def mmap_path(mmap_prefix: Any, backend: str, path: Any) -> Tuple[str, Any]:
+    """cpprb's ``mmap_prefix``: (backend, path) of a buffer in the file
+    ``{mmap_prefix}.cpprb_ray`` (cpprb writes a file per column, ``{mmap_prefix}_{name}.dat``;
+    cpprb_ray's buffer is one segment). Without it, `backend` and `path` as given.
+
+    Examples
+    --------
+    >>> mmap_path("runs/rb", "auto", None)
+    ('mmap', 'runs/rb.cpprb_ray')
+    >>> mmap_path(None, "shm", None)
+    ('shm', None)
+    """
+    if mmap_prefix is None:
+        return backend, path
+    if not isinstance(mmap_prefix, (str, os.PathLike)):
+        raise TypeError(f"mmap_prefix must be a str (a file name prefix); got "
+                        f"{type(mmap_prefix).__name__}")
+    if backend not in ("auto", "mmap") or path is not None:
+        raise ValueError("give mmap_prefix= or backend= / path=, not both")
+    return "mmap", os.fspath(mmap_prefix) + ".cpprb_ray"
 
 
 def whole_size(size: Any) -> Any:
@@ -149,7 +170,7 @@ class SampledGenerations:
     def generations_of(self, indexes: Any) -> np.ndarray:
         """The remembered generations (0: never sampled; out of range: 0 too, left for the
         update's own index check to refuse)."""
-        array = _rules.index_vector(indexes, "indexes")
+        array = _rules.index_vector(indexes, "indexes", True)
         inside = (array >= 0) & (array < len(self._generations))
         found = np.zeros(len(array), dtype=np.uint64)
         found[inside] = self._generations[array[inside]]
@@ -250,14 +271,56 @@ def read_transitions(file: Any) -> Tuple[Dict[str, np.ndarray], bool]:
         if version != TRANSITIONS_VERSION:
             raise ValueError(f"{file!r} is a transitions file of format version {version}; "
                              f"this cpprb_ray reads version {TRANSITIONS_VERSION}")
-        if not bool(_read_member(archive, "safe", file)):
-            raise ValueError(f"{file!r} was saved by cpprb with safe=False (its raw next_of / "
-                             f"stack_compress storage); save it with safe=True to load it here")
+        safe = bool(_read_member(archive, "safe", file))
         data = _read_member(archive, "data", file)
         nstep = bool(_read_member(archive, "Nstep", file))
-    if not isinstance(data, dict) or not all(isinstance(v, np.ndarray) for v in data.values()):
-        raise ValueError(f"{file!r}: its 'data' is not a dict of arrays")
+        if not isinstance(data, dict) or not all(isinstance(v, np.ndarray)
+                                                 for v in data.values()):
+            raise ValueError(f"{file!r}: its 'data' is not a dict of arrays")
+        if not safe:
+            if nstep:
+                raise ValueError(f"{file!r} holds N-step transitions saved by cpprb with "
+                                 f"safe=False; save them with safe=True to load them here")
+            data = unsafe_rows(data, _read_member(archive, "cache", file),
+                               _read_member(archive, "next_of", file), file)
     return data, nstep
+
+
+def unsafe_rows(data: Dict[str, np.ndarray], cache: Any, next_of: Any,
+                file: Any = "") -> Dict[str, np.ndarray]:
+    """The rows of a transitions file cpprb wrote with ``safe=False`` (its ring as stored:
+    `data` in slot order, `cache` the values of the slots at episode ends, `next_of` the names
+    whose ``next_<name>`` is the next slot's), each row whole: what cpprb's own loader adds.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rows = unsafe_rows({"a": np.array([[1.0], [2.0], [3.0]])},
+    ...                    {1: {"next_a": np.array([9.0])}}, np.array(["a"]))
+    >>> rows["a"].ravel().tolist(), rows["next_a"].ravel().tolist()
+    ([1.0, 2.0, 3.0], [2.0, 9.0, 1.0])
+    """
+    cache = {} if cache is None else cache
+    names = [] if next_of is None else [str(n) for n in np.asarray(next_of).reshape(-1)]
+    if not isinstance(cache, dict) or not all(isinstance(v, dict) for v in cache.values()):
+        raise ValueError(f"{file!r}: its 'cache' is not a dict of dicts")
+    missing = [n for n in names if n not in data]
+    if missing or not data:
+        raise ValueError(f"{file!r}: its next_of names {missing}, which it does not hold")
+    size = len(next(iter(data.values())))
+    rows = {name: np.array(column, copy=True) for name, column in data.items()}
+    for name in names:
+        # Each slot's next is the slot after it (the ring's last wraps to its first), unless
+        # the cache kept the slot's own (an episode's end): cpprb's loader does the same.
+        rows["next_" + name] = np.roll(data[name], -1, axis=0)
+    for index, values in cache.items():
+        if not isinstance(index, (int, np.integer)) or not 0 <= index < size:
+            continue   # cpprb's loader adds a cached slot only where its data has one
+        for key, value in values.items():
+            if key not in rows:
+                raise ValueError(f"{file!r}: its cache holds {key!r}, which is no column")
+            rows[key][index] = value
+    return rows
 
 
 def check_context(ctx: Any) -> None:
@@ -273,6 +336,9 @@ def check_context(ctx: Any) -> None:
     Traceback (most recent call last):
     ...
     TypeError: ctx must be None, a multiprocessing context ... or a SyncManager; got str
+
+    A manager that was shut down is refused as cpprb refuses it (ProcessError): whatever the
+    caller meant to share through it is gone.
     """
     import multiprocessing.context
     import multiprocessing.managers
@@ -282,6 +348,10 @@ def check_context(ctx: Any) -> None:
         raise TypeError(f"ctx must be None, a multiprocessing context "
                         f"(multiprocessing.get_context()) or a SyncManager; got "
                         f"{type(ctx).__name__}")
+    state = getattr(getattr(ctx, "_state", None), "value", None)
+    shutdown = multiprocessing.managers.State.SHUTDOWN  # type: ignore[attr-defined]
+    if isinstance(ctx, multiprocessing.managers.SyncManager) and state == shutdown:
+        raise multiprocessing.ProcessError("ctx is a SyncManager that was shut down")
 
 
 def mp_backend(backend: str) -> str:
@@ -297,17 +367,24 @@ def mp_backend(backend: str) -> str:
     return translated.get(backend, backend) if isinstance(backend, str) else backend
 
 
-def nstep_rows(transitions: Dict[str, np.ndarray], columns: Any,
-               file: Any) -> Dict[str, np.ndarray]:
+def nstep_rows(transitions: Dict[str, np.ndarray], columns: Any, file: Any,
+               full_discount: float) -> Dict[str, np.ndarray]:
     """N-step transitions read from a file, as the rows of `columns` (every column, discounts
     included, of its dtype and shape): what an N-step buffer commits without staging them
-    again. ValueError when a column is missing (cpprb's N-step files have no "discounts":
-    each row's discount gamma**m cannot be recovered from them)."""
+    again. ValueError when a column is missing. cpprb's N-step files have no "discounts" (each
+    row's gamma**m cannot be recovered from them): their rows get `full_discount` (gamma**n,
+    what cpprb's learners use for every row), with a RuntimeWarning saying so."""
+    if "discounts" not in transitions and any(c.name == "discounts" for c in columns):
+        warnings.warn(f"{file!r} holds N-step transitions without 'discounts' (cpprb's "
+                      f"files have none): every row gets gamma**n = {full_discount:g}, exact "
+                      f"but for windows an episode's truncated end shortened",
+                      RuntimeWarning, stacklevel=3)
+        count = len(next(iter(transitions.values()))) if transitions else 0
+        transitions = dict(transitions,
+                           discounts=np.full((count, 1), full_discount, dtype=np.float32))
     missing = [c.name for c in columns if c.name not in transitions]
     if missing:
-        raise ValueError(f"{file!r} holds N-step transitions without the columns {missing} "
-                         f"(cpprb's N-step files carry no 'discounts'); load them into a "
-                         f"buffer without Nstep")
+        raise ValueError(f"{file!r} holds N-step transitions without the columns {missing}")
     count = len(transitions[columns[0].name])
     return {c.name: np.ascontiguousarray(
         np.asarray(transitions[c.name]).astype(c.dtype, copy=False).reshape((count,) + c.shape))

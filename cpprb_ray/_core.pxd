@@ -118,6 +118,9 @@ cdef struct StoreView:
     Lane* lanes                   # the lane table (NULL: one ring, no lanes)
     int64_t lane_count
     int64_t link_offset           # with lanes: each record's int32 link (see _lanes.pyx)
+    # One lane: the most rows it keeps, its oldest evicted first (cpprb's size N; its ring has
+    # room for filler slots); 0: no bound but its slots.
+    int64_t lane_rows
 
 
 cdef int64_t lane_start(const StoreView* view, int64_t lane) noexcept nogil

@@ -11,6 +11,10 @@ from cpprb_ray._core cimport StoreView
 
 cdef enum:
     MAX_FRAME_COLUMNS = 8
+    # Planes per stack (frames.MAX_STACK says the same): lanes_gather keeps a stack's plane
+    # pointers in an array on the C stack, 8 KiB at this bound (it was 64, 512 bytes; cpprb
+    # takes any stack, e.g. 84 for an obs of shape (4, 84, 84)).
+    MAX_STACK = 1024
     ST_NO_LANE = -12         # every lane is owned by a live handle
 
 # One frame column, for one call. A stack is C-contiguous (*plane_shape, stack) as the user

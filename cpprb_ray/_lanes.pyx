@@ -69,10 +69,6 @@ cdef extern from *:
     void extract4 "cpprb_ray_extract4"(uint8_t* plane, const uint8_t* stack, int64_t j,
                                        int64_t pixels) noexcept nogil
 
-cdef enum:
-    MAX_STACK = 64           # planes per stack (checked by frames.py)
-
-
 cdef inline uint64_t* generation_at(StoreView* view, int64_t slot) noexcept nogil:
     return <uint64_t*>(view.rows + slot * view.stride)
 
@@ -193,6 +189,29 @@ cdef inline void evict(StoreView* view, int64_t slot) noexcept nogil:
         view.header.stored_size -= 1
 
 
+cdef void evict_oldest(StoreView* view, int64_t lane, int64_t start,
+                       int64_t excess) noexcept nogil:
+    """Evict `lane`'s `excess` oldest rows, walking its ring from `start` (relative to its first
+    slot: the oldest) on, and refresh the tree over the slots walked: a lane bounded to N rows
+    (view.lane_rows, cpprb's size) keeps the newest N whatever slots their frames take. Their
+    planes stay: later rows' stacks may still read them, until those slots are written."""
+    cdef int64_t first = lane_start(view, lane)
+    cdef int64_t size = lane_start(view, lane + 1) - first
+    cdef int64_t k = 0, slot
+    start %= size
+    while excess > 0 and k < size:
+        slot = first + (start + k) % size
+        if is_live_row(view, slot):
+            evict(view, slot)
+            excess -= 1
+        k += 1
+    if start + k <= size:
+        tree_refresh_range(&view.tree, first + start, k)
+    else:
+        tree_refresh_range(&view.tree, first + start, size - start)
+        tree_refresh_range(&view.tree, first, start + k - size)
+
+
 cdef void write_frames(StoreView* view, uint8_t* record, int64_t delta, int64_t back,
                        int64_t row, const LaneAdd* a) noexcept nogil:
     """The planes of the slot `delta` slots before transition `row`'s own (delta 0): of its
@@ -308,6 +327,11 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
             if not a.frame_count or distance > link + stack_max - 1:
                 continue
         evict(view, slot)
+    # A lane bounded to N rows: the oldest rows past the slots written make room for these.
+    if view.lane_rows > 0 and not a.incomplete and (
+            <int64_t>h.stored_size + a.count > view.lane_rows):
+        evict_oldest(view, a.lane, head + total,
+                     <int64_t>h.stored_size + a.count - view.lane_rows)
     # 4. Write: each transition's fillers, then its own slot.
     if a.weights == NULL:
         weight = leaf_weight(max_priority, h.eps, h.alpha)
@@ -420,6 +444,10 @@ cdef int64_t lanes_complete(StoreView* view, LaneComplete* a) noexcept nogil:
     h.max_priority = max_priority
     h.stored_size = min(h.stored_size + <uint64_t>done, <uint64_t>view.capacity)
     h.rows_added += <uint64_t>done
+    if view.lane_rows > 0 and <int64_t>h.stored_size > view.lane_rows:
+        # A bounded lane (one): the rows just completed are its newest; the oldest make room.
+        evict_oldest(view, 0, <int64_t>view.lanes[0].head,
+                     <int64_t>h.stored_size - view.lane_rows)
     publish(&h.op, OP_NONE)
     return done
 

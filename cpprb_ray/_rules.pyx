@@ -340,25 +340,35 @@ cdef int64_t first_out_of_range(const int64_t* values, int64_t count,
     return -1
 
 
-def index_vector(indexes, str name):
-    """`indexes` (a scalar or 1-D of integers) as a C-contiguous int64 array, or an error naming
-    `name`. The range is checked by the caller (against the capacity or the stored size).
+def index_vector(indexes, str name, bint whole_floats=False):
+    """`indexes` (a scalar or 1-D of integers; with `whole_floats`, also of floats with whole
+    values, as cpprb's update_priorities takes them) as a C-contiguous int64 array, or an error
+    naming `name`. The range is checked by the caller (against the capacity or the stored size).
 
     Examples
     --------
+    >>> import numpy as np
     >>> from cpprb_ray._rules import index_vector
     >>> index_vector([3, 1], "indexes")
     array([3, 1])
-    >>> index_vector([0.5], "indexes")
+    >>> index_vector(np.arange(3, dtype=np.float16), "indexes", whole_floats=True)
+    array([0, 1, 2])
+    >>> index_vector([0.5], "indexes", whole_floats=True)
     Traceback (most recent call last):
     ...
-    TypeError: indexes must be integers; got dtype float64
+    ValueError: indexes must be whole numbers; got 0.5 at position 0
+    >>> index_vector([0.0], "indices")
+    Traceback (most recent call last):
+    ...
+    TypeError: indices must be integers; got dtype float64
     """
     array = indexes if type(indexes) is np.ndarray else _as_array(indexes, name)
     if _int_objects(array):     # Python ints past uint64 or below int64: in no buffer's range
         raise IndexError(f"{name} must be below the stored size and >= 0; got "
                          f"{_farthest(array)}")
-    if array.dtype.kind not in "iu":
+    if array.dtype.kind == "f" and whole_floats:
+        array = _whole_indexes(array, name)
+    elif array.dtype.kind not in "iu":
         if not (array.size == 0 and array.dtype.kind == "f"):   # [] is float64 to numpy
             raise TypeError(f"{name} must be integers; got dtype {array.dtype}")
     if array.ndim > 1:
@@ -367,6 +377,23 @@ def index_vector(indexes, str name):
         # Would wrap to a negative int64; report the value as given.
         raise IndexError(f"{name} must be below the stored size; got {array.max()}")
     return np.ascontiguousarray(array.reshape(-1), dtype=_INT64)
+
+
+def _whole_indexes(array, str name):
+    """A float index array as int64 (cpprb takes any numeric dtype, e.g. np.arange(n, dtype=
+    np.float32)): every value whole and within int64, else an error naming `name` and the
+    first value that is not (never truncated: 2.5 is no index)."""
+    whole = np.isfinite(array) & (np.floor(array) == array)
+    if array.size and not whole.all():
+        position = int(np.flatnonzero(~whole.reshape(-1))[0])
+        raise ValueError(f"{name} must be whole numbers; got {array.reshape(-1)[position]} at "
+                         f"position {position}")
+    # As Python floats: a float16 array compared with 2.0**63 would overflow in numpy's cast.
+    low, high = (float(array.min()), float(array.max())) if array.size else (0.0, 0.0)
+    if low < -2.0**63 or high >= 2.0**63:
+        raise IndexError(f"{name} must be below the stored size and >= 0; got "
+                         f"{high if high >= 2.0**63 else low}")
+    return array.astype(_INT64)
 
 
 def raise_out_of_range(str name, value, Py_ssize_t position, str bound):
@@ -478,18 +505,30 @@ def can_cast(source, column):
     return source.kind in "biuf" and bool(np.can_cast(source, column, casting="same_kind"))
 
 
+class ColumnsError(KeyError, ValueError):
+    """An add whose keyword columns are not the buffer's: a KeyError, as cpprb raises for a
+    missing column, and a ValueError, as cpprb_ray always raised for both."""
+
+    def __str__(self):
+        return ValueError.__str__(self)   # the message, not KeyError's repr of it
+
+
 def columns_error(expected, given):
-    """The ValueError for an add whose keyword columns are not exactly `expected` (names).
+    """The error (ColumnsError: a KeyError and a ValueError) for an add whose keyword columns
+    are not exactly `expected` (names).
 
     Examples
     --------
     >>> from cpprb_ray._rules import columns_error
-    >>> columns_error(("obs", "act"), {"obs": 1, "rew": 2})
-    ValueError("add needs exactly the columns ['act', 'obs']; missing ['act'], unknown ['rew']")
+    >>> error = columns_error(("obs", "act"), {"obs": 1, "rew": 2})
+    >>> print(error)
+    add needs exactly the columns ['act', 'obs']; missing ['act'], unknown ['rew']
+    >>> isinstance(error, KeyError) and isinstance(error, ValueError)
+    True
     """
     names = set(expected)
-    return ValueError(f"add needs exactly the columns {sorted(names)}; missing "
-                      f"{sorted(names - set(given))}, unknown {sorted(set(given) - names)}")
+    return ColumnsError(f"add needs exactly the columns {sorted(names)}; missing "
+                        f"{sorted(names - set(given))}, unknown {sorted(set(given) - names)}")
 
 
 def cast_error(str name, column, source):

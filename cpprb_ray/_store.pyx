@@ -46,8 +46,8 @@ from cpprb_ray._core cimport (HEADER_BYTES, LAYOUT_AT, MUTEX_AT, OP_NONE, ST_ALL
                               store_admits, store_clear, store_draw, store_dump, store_lock,
                               store_restore, store_sample, store_snapshot, store_unlock,
                               store_update, view_bind, lane_start)
-from cpprb_ray._lanes cimport (MAX_FRAME_COLUMNS, ST_NO_LANE, FrameColumn, LaneAdd, LaneClaim,
-                               LaneComplete, lanes_add, lanes_claim, lanes_complete,
+from cpprb_ray._lanes cimport (MAX_FRAME_COLUMNS, MAX_STACK, ST_NO_LANE, FrameColumn, LaneAdd,
+                               LaneClaim, LaneComplete, lanes_add, lanes_claim, lanes_complete,
                                lanes_gather, lanes_live, lanes_release)
 from cpprb_ray._limiter cimport (LIMITER_AT, LIMITER_MIN_SIZE, LIMITER_NONE,
                                  LIMITER_SAMPLE_TO_INSERT_RATIO, SIDE_INSERT, SIDE_RESET,
@@ -961,6 +961,11 @@ cdef class ReplayStore:
         return self.header().rows_added
 
     @property
+    def rows_since_clear(self):
+        """Rows added since the last clear (the limiter's base is set at every clear)."""
+        return self.header().rows_added - self.view.limiter.insert_base
+
+    @property
     def repairs(self):
         return self.header().repairs
 
@@ -1306,7 +1311,7 @@ cdef class ReplayStore:
         # flags) were eight lookups, a cold learner's update paid for each. Anything else is
         # converted by the rules first (their errors name the argument).
         if not export_vector(indexes, &index_view, b"lq", 8):
-            indexes = _rules.index_vector(indexes, "indexes")
+            indexes = _rules.index_vector(indexes, "indexes", True)   # cpprb's float indexes
             PyObject_GetBuffer(indexes, &index_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
         held = 1
         try:
@@ -1587,20 +1592,24 @@ cdef class ReplayStore:
 
     # -- lanes and frames (cpprb_ray.frames drives these; kernels in _lanes) ------------------
 
-    def bind_lanes(self, int64_t offset, int64_t count, frames=()):
+    def bind_lanes(self, int64_t offset, int64_t count, frames=(), int64_t rows=0):
         """Bind the lane table (`count` lanes at byte `offset`) and the frame columns: a laned
         layout's, validated by the caller; its bounds are checked here again, before any kernel
         could index with them. `frames`: (store column, stack, plane bytes, item bytes,
-        has_next) per frame column."""
+        has_next) per frame column. `rows` (one lane only): the most rows it keeps, its oldest
+        evicted first (0: as many as its slots hold)."""
         cdef int c
         if not 1 <= count <= self.view.capacity or offset < HEADER_BYTES or offset % 8 or (
                 offset + count * <int64_t>sizeof(Lane) > self._buffer.len):
             raise ValueError(f"lane table ({count} lanes at {offset}) lies outside the segment")
+        if not 0 <= rows <= self.view.capacity or (rows and count != 1):
+            raise ValueError(f"a row bound of {rows} for {count} lanes of {self.view.capacity} "
+                             f"slots")
         if len(frames) > MAX_FRAME_COLUMNS:
             raise ValueError(f"at most {MAX_FRAME_COLUMNS} frame columns; got {len(frames)}")
         for c, (column, stack, plane_bytes, item_bytes, has_next) in enumerate(frames):
-            if not (0 <= column < self.columns.count and 1 <= stack <= 64 and item_bytes >= 1
-                    and plane_bytes == self.columns.row_bytes[column]
+            if not (0 <= column < self.columns.count and 1 <= stack <= MAX_STACK
+                    and item_bytes >= 1 and plane_bytes == self.columns.row_bytes[column]
                     and plane_bytes % item_bytes == 0):
                 raise ValueError(f"frame column {column} does not fit the layout")
             self.frame_specs[c].column = column
@@ -1612,6 +1621,7 @@ cdef class ReplayStore:
         self.view.lanes = <Lane*>(<uint8_t*>self._buffer.buf + offset)
         self.view.lane_count = count
         self.view.link_offset = 8    # right after each record's generation (_layout)
+        self.view.lane_rows = rows
 
     def lane_owners(self):
         """(lanes, 4) uint64: each lane's owner pid (0: free), its start time, its handle's

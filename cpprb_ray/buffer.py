@@ -93,6 +93,9 @@ class ReplayBuffer:
         Split the ring into this many lanes, one per concurrent writing handle (claimed on
         its first add, given back on close or when its process dies); more writers than lanes
         raise :class:`cpprb_ray.LaneError`. 1 with next_of / stack_compress, else no lanes.
+    mmap_prefix : str, optional
+        cpprb's argument: the buffer in the file ``{mmap_prefix}.cpprb_ray`` (backend "mmap";
+        it may be larger than RAM). Freed like any buffer when its owner closes it.
 
     Raises
     ------
@@ -127,9 +130,10 @@ class ReplayBuffer:
                  rate_limiter: Optional[rate_limiters.RateLimiter] = None,
                  default_dtype: Any = None,
                  next_of: frames.Names = None, stack_compress: frames.Names = None,
-                 lanes: Optional[int] = None) -> None:
+                 lanes: Optional[int] = None, mmap_prefix: Optional[str] = None) -> None:
         size = _compat.whole_size(size)
         env_dict = _compat.with_default_dtype(env_dict, default_dtype)
+        backend, path = _compat.mmap_path(mmap_prefix, backend, path)
         self._create(size, env_dict, backend, name, path, seed, alpha=0.0, eps=0.0,
                      lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter,
                      next_of=next_of, stack_compress=stack_compress, lanes=lanes)
@@ -158,7 +162,10 @@ class ReplayBuffer:
             raise ValueError("path= needs backend='mmap'")
         if seed is not None and _as_count(seed, "seed") < 0:
             raise ValueError(f"seed must be >= 0; got {seed}")
-        layout = _layout.plan(capacity, columns, self._prioritized, backend,
+        # A bounded frame lane (cpprb's next_of / stack_compress) keeps `capacity` rows in more
+        # slots, so that filler slots do not take the rows' room (frames.bounded_slots).
+        slots = capacity if lane_config is None else lane_config.slots(capacity)
+        layout = _layout.plan(slots, columns, self._prioritized, backend,
                               extra_meta=nstep.meta_of(nstep_config),
                               lanes=None if lane_config is None else lane_config.to_meta())
         claimed: List[Ownership] = []
@@ -178,7 +185,7 @@ class ReplayBuffer:
             raise
         try:
             _store.initialize_segment(
-                segment.memory, total_size=layout.total_size, capacity=capacity,
+                segment.memory, total_size=layout.total_size, capacity=slots,
                 # A laned buffer always samples through its tree (a uniform one weighs every
                 # row 1: alpha 0), since its rows are not the slots below a stored size.
                 prioritized=self._prioritized or lane_config is not None, alpha=alpha, eps=eps,
@@ -230,10 +237,12 @@ class ReplayBuffer:
                                  f"see its segment yet (docs/frames.md)")
             lane_config.check_lane_size(layout.capacity, segment.location)
             self._store.bind_lanes(layout.meta["lanes"]["offset"], lane_config.count,
-                                   lane_config.store_specs(layout.columns))
+                                   lane_config.store_specs(layout.columns), lane_config.rows)
             self._lanes = frames.LaneWriter(self._store, lane_config, layout.columns,
                                            layout.capacity)
         self._plain_flags()
+        # get_current_episode_len counts the rows stored since this (cpprb's episode length).
+        self._episode_start = int(self._store.rows_added)
         self._owner = ownership is not None
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
@@ -552,6 +561,8 @@ class ReplayBuffer:
         """
         if self._segment.closed:
             raise ValueError("operation on a closed buffer")
+        if self._lanes is not None and self._lanes.rows:
+            return self._lanes.rows    # (its ring has more slots, for its filler slots)
         return self._layout.capacity
 
     def get_next_index(self) -> int:
@@ -570,6 +581,8 @@ class ReplayBuffer:
         1
         """
         if self._lanes is not None:
+            if self._lanes.rows:   # one lane with frames: counted as cpprb counts rows
+                return int(self._store.rows_since_clear) % self._lanes.rows
             return self._lanes.next_slot()
         return int(self._store.next_index)
 
@@ -611,7 +624,19 @@ class ReplayBuffer:
             return self._store.add(columns, None, timeout)
         if self._nstep is not None:
             return self._nstep.add(self, columns, None, timeout)  # type: ignore[return-value]
-        return self._lanes.add(columns, None, timeout)  # type: ignore[union-attr]
+        return self._lane_add(columns, None, timeout)
+
+    def _lane_add(self, columns: Dict[str, Any], priorities: Any,
+                  timeout: Optional[float]) -> int:
+        """A laned add; returns its first row's slot, or in a bounded lane (cpprb's next_of /
+        stack_compress) its first row's number as cpprb counts (what get_next_index said)."""
+        lanes = self._lanes
+        assert lanes is not None
+        if not lanes.rows:
+            return lanes.add(columns, priorities, timeout)
+        before = self.get_next_index()
+        lanes.add(columns, priorities, timeout)
+        return before
 
     def _commit_rows(self, rows: Dict[str, np.ndarray], priorities: Optional[np.ndarray],
                      timeout: Optional[float] = None) -> Optional[int]:
@@ -644,9 +669,15 @@ class ReplayBuffer:
         """N-step in a laned buffer: the rows of `slots` get their n-step columns and their
         next stacks (those ending at `last_slots`), admitted by a rate limiter as one add (up
         to `timeout`); returns the first row's slot, None when no row could be completed."""
-        done = self._lanes.complete(rows, priorities, slots,  # type: ignore[union-attr]
-                                    generations, last_slots, last_generations, timeout)
-        return int(slots[0]) if done else None
+        lanes = self._lanes
+        assert lanes is not None
+        before = self.get_next_index() if lanes.rows else 0
+        done = lanes.complete(rows, priorities, slots, generations, last_slots,
+                              last_generations, timeout)
+        if not done:
+            return None
+        # A bounded lane (cpprb's next_of / stack_compress) answers with cpprb's row number.
+        return before if lanes.rows else int(slots[0])
 
     # -- sample -------------------------------------------------------------------------------
 
@@ -721,6 +752,7 @@ class ReplayBuffer:
         self._store.clear()
         if self._nstep is not None:
             self._nstep.clear()
+        self._episode_start = int(self._store.rows_added)
 
     def on_episode_end(self, *, timeout: Optional[float] = None) -> None:
         """End the current episode (truncated): commit the steps staged for N-step returns.
@@ -743,6 +775,8 @@ class ReplayBuffer:
             self._nstep.flush(self, timeout)
         else:
             _rules.as_timeout(timeout)   # refused alike, with nothing to commit
+        if not self._segment.closed:
+            self._episode_start = int(self._store.rows_added)
 
     def get_all_transitions(self, shuffle: bool = False) -> Dict[str, np.ndarray]:
         """Copies of every stored row, in slot order (rows torn by a crashed writer left out).
@@ -759,7 +793,12 @@ class ReplayBuffer:
         [1. 2. 3.]
         """
         room = self.get_stored_size()
-        if self._lanes is not None:
+        if self._lanes is not None and self._lanes.rows:
+            # In cpprb's order: by row number (ring index), as cpprb's buffer lies.
+            rows, numbers = self._lanes.numbered_rows(room, int(self._store.rows_since_clear))
+            order = np.argsort(numbers, kind="stable")
+            transitions = {name: column[order] for name, column in rows.items()}
+        elif self._lanes is not None:
             # (shuffle and its check below apply to a laned buffer's rows too)
             transitions = self._lanes.all_rows(room)
         else:
@@ -771,6 +810,52 @@ class ReplayBuffer:
         if not isinstance(shuffle, (bool, np.bool_)):
             raise TypeError(f"shuffle must be a bool; got {type(shuffle).__name__}")
         return _compat.shuffled(transitions) if shuffle else transitions
+
+    def _encode_sample(self, indexes: Any) -> Dict[str, np.ndarray]:
+        """cpprb's method: copies of the rows at `indexes` (an int or a 1-D array of them, in
+        any order, repeats allowed), every column as :meth:`get_all_transitions` gives them.
+
+        An index is a row's place in the ring as cpprb counts it: below the stored size, the
+        slot ``sample`` returns in ``"indexes"``. With next_of / stack_compress in one lane
+        (the default), it is the row's number as cpprb counts (rows added since the last
+        clear, modulo the size), while ``sample``'s indexes are slots of the larger ring
+        (what ``update_priorities`` takes); with several lanes, a live row's slot. IndexError
+        naming the first that holds no row. Reads every row and picks: for tools and tests;
+        ``sample`` is the training path.
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(8, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=[10.0, 11.0, 12.0])
+        ...     print(rb._encode_sample([2, 0, 2])["obs"].ravel())
+        [12. 10. 12.]
+        """
+        wanted = _rules.index_vector(indexes, "indexes", True)
+        room = self.get_stored_size()
+        if self._lanes is not None and self._lanes.rows:
+            transitions, slots = self._lanes.numbered_rows(room,
+                                                           int(self._store.rows_since_clear))
+            bound = self._lanes.rows
+        elif self._lanes is not None:
+            transitions, slots = self._lanes.all_rows(room, with_slots=True)
+            bound = self._layout.capacity
+        else:
+            outputs = [np.empty((room,) + c.shape, dtype=c.dtype) for c in self._columns]
+            slots = np.empty(room, dtype=np.int64)
+            copied = self._store.snapshot(outputs, slots, np.empty(room, dtype=np.float64))
+            transitions = {c.name: out[:copied] for c, out in zip(self._columns, outputs)}
+            slots = slots[:copied]
+            bound = room
+        position = np.full(max(bound, 1), -1, dtype=np.int64)
+        position[slots] = np.arange(len(slots))
+        inside = (wanted >= 0) & (wanted < bound)
+        found = np.where(inside, position[np.where(inside, wanted, 0)], -1)
+        if (found < 0).any():
+            at = int(np.flatnonzero(found < 0)[0])
+            raise IndexError(f"indexes must name stored rows (slots in [0, {bound})); got "
+                             f"{wanted[at]} at position {at}, which holds none")
+        return {name: column[found] for name, column in transitions.items()}
 
     # -- cpprb's transitions files and queries ---------------------------------------------
 
@@ -814,7 +899,9 @@ class ReplayBuffer:
 
         Its columns must be this buffer's. Rows go in with :meth:`add` (a prioritized buffer
         gives them the largest priority seen, as cpprb does); N-step files hold finished
-        transitions, committed as they are (cpprb's, without "discounts", are refused). Only
+        transitions, committed as they are (cpprb's have no "discounts": their rows get
+        gamma**n, with a RuntimeWarning). cpprb's ``safe=False`` files (its raw ring and its
+        cache) load as cpprb's own loader reads them. Only
         numpy arrays are unpickled from the file: a crafted file cannot run code. `timeout`:
         as for :meth:`add`. ValueError naming the file and the reason for a file it cannot load.
 
@@ -842,10 +929,12 @@ class ReplayBuffer:
             if self._lanes is not None:
                 # Laned: the finished rows go into this handle's lane (never the plain ring),
                 # with the columns add takes (next_of's included).
-                rows = _compat.nstep_rows(transitions, self._lanes.columns(), file)
+                rows = _compat.nstep_rows(transitions, self._lanes.columns(), file,
+                                          self._nstep.full_discount)
                 self._lanes.add(rows, None, timeout)
                 return
-            rows = _compat.nstep_rows(transitions, self._columns, file)
+            rows = _compat.nstep_rows(transitions, self._columns, file,
+                                      self._nstep.full_discount)
             self._commit_rows(rows, None, timeout)
             return
         names = (self._column_names if self._lanes is None
@@ -870,22 +959,27 @@ class ReplayBuffer:
         return self._nstep is not None
 
     def get_current_episode_len(self) -> int:
-        """cpprb's count of the steps added since the last on_episode_end: not kept here.
+        """Rows stored since this handle's last :meth:`on_episode_end` or :meth:`clear` (or
+        since it was made or attached): cpprb's count.
 
-        A handle is one of many writers of the segment and does not count the rows of its
-        adds; count the steps in the environment loop.
+        As cpprb counts: rows that went into the buffer (with ``Nstep``, the transitions
+        committed, which lag the steps added by up to n - 1). The count is the buffer's, read
+        from the segment: rows other writers added meanwhile count too, so it is this
+        episode's length where this handle is the buffer's only writer, as a cpprb buffer
+        always is.
 
         Examples
         --------
         >>> from cpprb_ray import ReplayBuffer
         >>> with ReplayBuffer(8, {"obs": {}}) as rb:
-        ...     rb.get_current_episode_len()
-        Traceback (most recent call last):
-        ...
-        NotImplementedError: get_current_episode_len: cpprb_ray handles do not count ...
+        ...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+        ...     print(rb.get_current_episode_len())
+        ...     rb.on_episode_end()
+        ...     print(rb.get_current_episode_len())
+        3
+        0
         """
-        raise NotImplementedError("get_current_episode_len: cpprb_ray handles do not count "
-                                  "episode steps; count them in the environment loop")
+        return int(self._store.rows_added) - self._episode_start
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -1051,6 +1145,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         into the segment with that step's n-step transition.
     next_of, stack_compress, lanes
         As for :class:`ReplayBuffer` (docs/frames.md).
+    mmap_prefix : str, optional
+        As for :class:`ReplayBuffer`.
     alpha : float
         Prioritization exponent, >= 0 (0 is uniform).
     eps : float
@@ -1085,9 +1181,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                  rate_limiter: Optional[rate_limiters.RateLimiter] = None,
                  default_dtype: Any = None, check_for_update: bool = False,
                  next_of: frames.Names = None, stack_compress: frames.Names = None,
-                 lanes: Optional[int] = None) -> None:
+                 lanes: Optional[int] = None, mmap_prefix: Optional[str] = None) -> None:
         size = _compat.whole_size(size)
         env_dict = _compat.with_default_dtype(env_dict, default_dtype)
+        backend, path = _compat.mmap_path(mmap_prefix, backend, path)
         if not isinstance(check_for_update, (bool, np.bool_)):
             raise TypeError(f"check_for_update must be a bool; got "
                             f"{type(check_for_update).__name__}")
@@ -1134,7 +1231,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if self._nstep is not None:
             return self._nstep.add(self, columns, priorities,  # type: ignore[return-value]
                                    timeout)
-        return self._lanes.add(columns, priorities, timeout)  # type: ignore[union-attr]
+        return self._lane_add(columns, priorities, timeout)
 
     def _step_priorities(self, priorities: Any, count: int) -> np.ndarray:
         """The N-step staging's check of the priorities given with `count` steps."""
@@ -1189,7 +1286,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _remember_sample(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         # check_for_update: keep each sampled slot's generation for update_priorities.
         if self._sampled_generations is None:
-            self._sampled_generations = _compat.SampledGenerations(self.get_buffer_size())
+            self._sampled_generations = _compat.SampledGenerations(self._layout.capacity)
         self._sampled_generations.remember(batch["indexes"], batch["generations"])
         return batch
 
@@ -1213,7 +1310,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         0
         """
         if generations is None and self._check_for_update:
-            generations = (np.zeros(len(_rules.index_vector(indexes, "indexes")), np.uint64)
+            generations = (np.zeros(len(_rules.index_vector(indexes, "indexes", True)),
+                                    np.uint64)
                            if self._sampled_generations is None
                            else self._sampled_generations.generations_of(indexes))
         return self._store.update(indexes, priorities, generations)

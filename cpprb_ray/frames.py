@@ -40,9 +40,25 @@ import numpy as np
 from cpprb_ray import _proc, _rules
 from cpprb_ray._layout import Column, parse_env_dict
 
-MAX_STACK = 64          # planes per stack (_lanes.pyx)
+MAX_STACK = 1024        # planes per stack (_lanes.pxd)
 MAX_FRAME_COLUMNS = 8   # frame columns per buffer (_lanes.pxd)
 MIN_LANE_SLOTS = 4      # a lane holds at least this many stacks' worth of slots
+# One lane with frames holds cpprb's N rows in more slots: room for the filler slots of this
+# many episode starts (or stream breaks) among its newest N rows, each up to 2 * stack - 1
+# fillers, and the 2 * stack slots a write evicts ahead. Up to this many rows, every row may be
+# an episode of its own (cpprb's worst case); past it, the extra is a fixed few thousand slots.
+BOUNDED_EPISODES = 4096
+
+
+def bounded_slots(rows: int, stack_max: int) -> int:
+    """Slots of one frame lane that keeps `rows` rows (cpprb's size): see BOUNDED_EPISODES.
+
+    Examples
+    --------
+    >>> bounded_slots(10, 1), bounded_slots(10, 3), bounded_slots(10**6, 4)
+    (22, 66, 1028680)
+    """
+    return rows + (2 * stack_max - 1) * min(rows, BOUNDED_EPISODES) + 2 * stack_max
 
 Names = Union[None, str, Sequence[str]]
 
@@ -114,11 +130,20 @@ class LaneConfig:
     takes and sample returns, in env_dict order: next columns included)."""
 
     def __init__(self, count: int, frames: List[FrameColumn], uniform: bool,
-                 public: List[Tuple[str, Tuple[int, ...], np.dtype]]):
+                 public: List[Tuple[str, Tuple[int, ...], np.dtype]], rows: int = 0):
         self.count = count
         self.frames = frames
         self.uniform = uniform
         self.public = public
+        # One lane with frames (cpprb's next_of / stack_compress): the most rows it keeps, in
+        # bounded_slots() slots; 0: no bound but the slots (several lanes, or none with frames).
+        self.rows = rows
+
+    def slots(self, capacity: int) -> int:
+        """The ring's slots for a buffer of `capacity` (the size the user gave)."""
+        if not self.rows:
+            return capacity
+        return bounded_slots(self.rows, max([f.stack for f in self.frames] + [1]))
 
     @classmethod
     def plan(cls, columns: List[Column], capacity: int, prioritized: bool, next_of: Names,
@@ -182,7 +207,8 @@ class LaneConfig:
             raise ValueError(f"at most {MAX_FRAME_COLUMNS} next_of/stack_compress columns; got "
                              f"{len(frames)}")
         stack_max = max([f.stack for f in frames] + [1])
-        lane_slots = capacity // count
+        rows = capacity if count == 1 and frames else 0
+        lane_slots = capacity // count if not rows else bounded_slots(rows, stack_max)
         needed = MIN_LANE_SLOTS * stack_max if frames else 1
         if lane_slots < needed:
             raise ValueError(f"size {capacity} with lanes={_rules.shown(count)} leaves "
@@ -195,14 +221,14 @@ class LaneConfig:
                    if f.next is not None and f.next not in by_name]
         stored = [Column(c.name, c.dtype, framed[c.name].plane_shape) if c.name in framed
                   else c for c in columns if c.name not in derived]
-        return stored, cls(count, frames, not prioritized, public)
+        return stored, cls(count, frames, not prioritized, public, rows)
 
     def columns(self) -> List[Column]:
         """The public columns as Column objects (what add takes, N-step's view)."""
         return [Column(name, dtype, shape) for name, shape, dtype in self.public]
 
     def to_meta(self) -> Dict[str, Any]:
-        return {"count": self.count, "uniform": self.uniform,
+        return {"count": self.count, "uniform": self.uniform, "rows": self.rows,
                 "frames": [{"name": f.name, "stack": f.stack, "next": f.next} for f in self.frames],
                 "public": [{"name": name, "shape": list(shape), "dtype": dtype.str}
                            for name, shape, dtype in self.public]}
@@ -249,7 +275,10 @@ class LaneConfig:
                     raise ValueError(f"stored column {column.name!r} is not a public one")
             if set(shapes) != set(by_name) | derived or derived & set(by_name):
                 raise ValueError("public columns do not match the stored ones")
-            config = cls(int(lanes["count"]), frames, bool(lanes["uniform"]), public)
+            rows = int(lanes.get("rows", 0))
+            if rows < 0 or (rows and (int(lanes["count"]) != 1 or not frames)):
+                raise ValueError(f"a row bound of {rows}")
+            config = cls(int(lanes["count"]), frames, bool(lanes["uniform"]), public, rows)
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ValueError(f"{location!r} is not a valid cpprb_ray buffer: unreadable lanes "
                              f"({error})") from None
@@ -265,7 +294,8 @@ class LaneConfig:
     def check_lane_size(self, capacity: int, location: str) -> None:
         stack_max = max([f.stack for f in self.frames] + [1])
         needed = MIN_LANE_SLOTS * stack_max if self.frames else 1
-        if capacity // self.count < needed:
+        if capacity // self.count < needed or (self.rows and capacity != bounded_slots(
+                self.rows, stack_max)):
             raise ValueError(f"{location!r} is not a valid cpprb_ray buffer: lanes of "
                              f"{capacity // self.count} slots for stacks of {stack_max}")
 
@@ -313,6 +343,25 @@ class LaneWriter:
         if not len(slots) or len(slots) > self._chunk_size:
             return False
         return bool(self._store.generation_at(int(slots[0])) != generations[0])
+
+    @property
+    def rows(self) -> int:
+        """The most rows a bounded lane keeps (cpprb's size), or 0."""
+        return self._config.rows
+
+    def numbered_rows(self, room: int, since_clear: int) -> Tuple[Dict[str, np.ndarray],
+                                                                   np.ndarray]:
+        """A bounded lane's live rows (at most `room`) and each one's number as cpprb counts
+        (rows added since the last clear, modulo the bound: its ring index), from the `since
+        _clear` rows added. The lane keeps its newest rows in ring order, oldest at its head.
+        (Read in three steps: exact while no add runs meanwhile.)"""
+        rows, slots = self.all_rows(room, with_slots=True)
+        head = int(self._store.lane_next_slots()[0])
+        age = np.argsort((slots - head) % self._capacity, kind="stable")
+        count = len(slots)
+        numbers = np.empty(count, dtype=np.int64)
+        numbers[age] = (since_clear - count + np.arange(count)) % self._config.rows
+        return rows, numbers
 
     def next_slot(self) -> int:
         """The slot this handle's next add writes first: its lane's next slot; before its
@@ -391,7 +440,9 @@ class LaneWriter:
         ring's, its later rows overwrite its earlier ones."""
         stack_max = max([f.stack for f in self._config.frames] + [1])
         worst = 2 * stack_max if self._config.frames else 1
-        return max(1, (self._capacity // self._config.count) // worst)
+        chunk = max(1, (self._capacity // self._config.count) // worst)
+        # A bounded lane keeps its newest `rows`: a piece of more would evict its own rows.
+        return min(chunk, self._config.rows) if self._config.rows else chunk
 
     def add(self, columns: Dict[str, Any], priorities: Any, timeout: Optional[float], *,
             incomplete: bool = False, out: Optional[Tuple[np.ndarray, np.ndarray]] = None,
@@ -506,12 +557,14 @@ class LaneWriter:
                                  result["weights"], result["generations"], timeout)
         return result
 
-    def all_rows(self, room: int) -> Dict[str, np.ndarray]:
-        """Every live row (at most `room`), in slot order."""
+    def all_rows(self, room: int, with_slots: bool = False) -> Any:
+        """Every live row (at most `room`), in slot order; with `with_slots`, (rows, their
+        slots)."""
         result, outputs, stacks = self._outputs(max(room, 1), None)
         found = 0
         if room > 0:
             found = self._store.sample_lanes(room, 0.0, outputs, stacks, result["indexes"],
                                              result["weights"], result["generations"],
                                              every_row=True)
-        return {name: result[name][:found] for name, _, _ in self._config.public}
+        rows = {name: result[name][:found] for name, _, _ in self._config.public}
+        return (rows, result["indexes"][:found]) if with_slots else rows

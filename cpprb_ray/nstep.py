@@ -58,6 +58,7 @@ __all__ = ["DISCOUNTS", "DONE", "NstepConfig", "NstepStaging", "cast_steps", "me
 
 DISCOUNTS = "discounts"   # the column this module adds: g**m per row
 DONE = "done"             # the terminated flag, as in cpprb
+DEFAULT_GAMMA = 0.99      # cpprb's default discount (its Nstep["gamma"] is optional)
 META_KEY = "nstep"        # where the config lives in the layout JSON's "meta"
 
 _FLOAT32 = np.dtype(np.float32)
@@ -88,6 +89,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_count_fork)
 
 def _keys(spec: Mapping[str, Any], field: str) -> Tuple[str, ...]:
+    if field not in spec:
+        return ()   # cpprb's N-step without rewards (or without next columns): none summed
     value = spec[field]
     if isinstance(value, str):
         return (value,)
@@ -109,9 +112,9 @@ class NstepConfig:
     gamma : float
         The discount, in [0, 1].
     rew : tuple of str
-        Columns summed with discounts over the window.
+        Columns summed with discounts over the window (may be empty).
     next : tuple of str
-        Columns taken from the window's last step.
+        Columns taken from the window's last step (may be empty).
 
     Examples
     --------
@@ -134,8 +137,10 @@ class NstepConfig:
     def parse(cls, spec: Any, columns: Sequence[Any]) -> NstepConfig:
         """Validate cpprb's ``Nstep`` dict against the buffer's columns.
 
-        Raises TypeError or ValueError naming the offending key; unlike cpprb, every key is
-        required and must name an existing column of a fitting kind.
+        As in cpprb, ``"size"`` is required, ``"gamma"`` defaults to 0.99 and ``"rew"`` and
+        ``"next"`` may be left out (N-step on observations alone: the done flags and
+        discounts). Raises TypeError or ValueError naming the offending key; unlike cpprb, a
+        key must name an existing column of a fitting kind, and no other key is taken.
 
         Examples
         --------
@@ -151,22 +156,23 @@ class NstepConfig:
         Traceback (most recent call last):
         ...
         ValueError: Nstep['rew'] names 'reward', which is not a column of env_dict ...
+        >>> NstepConfig.parse({"size": 4}, columns).as_dict()
+        {'size': 4, 'gamma': 0.99}
         """
         if not isinstance(spec, Mapping):
             raise TypeError(f"Nstep must be a dict like {{'size': 3, 'gamma': 0.99, 'rew': "
                             f"'rew', 'next': 'next_obs'}}; got {type(spec).__name__}")
         expected = ("size", "gamma", "rew", "next")
-        missing = [key for key in expected if key not in spec]
         unknown = sorted(str(key) for key in spec if key not in expected)
-        if missing or unknown:
-            raise ValueError(f"Nstep needs exactly the keys {list(expected)}; missing {missing}, "
+        if "size" not in spec or unknown:
+            raise ValueError(f"Nstep takes the keys {list(expected)} ('size' required); "
                              f"unknown {unknown}")
         size = spec["size"]
         if isinstance(size, _rules.NOT_NUMBERS) or not isinstance(size, (int, np.integer)):
             raise TypeError(f"Nstep['size'] must be an int; got {type(size).__name__}")
         if size < 1:
             raise ValueError(f"Nstep['size'] must be >= 1; got {size}")
-        gamma = spec["gamma"]
+        gamma = spec.get("gamma", DEFAULT_GAMMA)
         if isinstance(gamma, _rules.NOT_NUMBERS) or not isinstance(
                 gamma, (int, float, np.integer, np.floating)):
             raise TypeError(f"Nstep['gamma'] must be a real number; got {type(gamma).__name__}")
@@ -222,7 +228,8 @@ class NstepConfig:
                             f"{done.shape}, dtype {done.dtype}")
 
     def as_dict(self) -> Dict[str, Any]:
-        """The config as cpprb's ``Nstep`` dict (lists of column names).
+        """The config as cpprb's ``Nstep`` dict (lists of column names; ``rew`` and ``next``
+        only where they name columns).
 
         Examples
         --------
@@ -230,8 +237,11 @@ class NstepConfig:
         >>> NstepConfig(2, 0.5, ("rew",), ("next_obs", "next_act")).as_dict()["next"]
         ['next_obs', 'next_act']
         """
-        return {"size": self.size, "gamma": self.gamma, "rew": list(self.rew),
-                "next": list(self.next)}
+        spec: Dict[str, Any] = {"size": self.size, "gamma": self.gamma}
+        for field, names in (("rew", self.rew), ("next", self.next)):
+            if names:
+                spec[field] = list(names)
+        return spec
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any], columns: Sequence[Any],
@@ -473,6 +483,11 @@ class NstepStaging:
         # made on first use.
         self._row_views: Dict[str, List[Optional[np.ndarray]]] = {
             name: [None] * capacity for name in storage}
+
+    @property
+    def full_discount(self) -> float:
+        """gamma**n: the discount of a row whose window has all n steps."""
+        return float(self._powers[self._size])
 
     @property
     def staged(self) -> int:

@@ -228,15 +228,25 @@ class Progress:
         return means
 
     def update(self, reports: List[Dict[str, Any]], samples: int, learner_steps: int,
-               stored: int, capacity: int) -> None:
+               stored: int, capacity: int, final: bool = False) -> None:
+        """Take in the actors' reports; draw the live line. `final`: the count after the stop,
+        kept for the totals but neither drawn nor plotted (its span is the part of a second
+        in which actors and learner were being stopped: a rate over it is a drop to zero
+        that never happened)."""
         now = time.time()
         for report in reports:
             self.episodes.extend(report["episodes"])
         self.episodes.sort()
         self.rows_added = sum(report["rows_added"] for report in reports)
+        if final:
+            if self.bar is not None:  # the seconds run, drawn once by close()
+                self.bar.n = min(int(now - self.start), self.bar.total)
+            return
         last = self.history[-1] if self.history else {"t": 0.0, "rows": 0, "samples": 0}
         elapsed = now - self.start
-        span = max(elapsed - last["t"], 1e-9)
+        span = elapsed - last["t"]
+        if span < 0.5:  # the first report, at the start: no rate over nothing
+            return
         point = {"t": elapsed, "rows": self.rows_added, "samples": samples,
                  "add_rate": (self.rows_added - last["rows"]) / span,
                  "sample_rate": (samples - last["samples"]) / span}
@@ -261,16 +271,20 @@ class Progress:
         return None
 
     def close(self) -> None:
+        # The bar as last drawn stays on the terminal (tqdm's close() redraws it once, with
+        # its newline); the summary line that follows says how the run ended.
         if self.bar is not None:
             self.bar.close()
 
-    def plot(self, path: str) -> None:
+    def plot(self, path: str, title: str) -> None:
+        """Write the PNG: episode returns (per actor, and the rolling mean) over time, and rows
+        added and sampled per second, one point per whole second of the run."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        figure, (returns_axis, rate_axis) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+        figure, (returns_axis, rate_axis) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
         times = np.array([end - self.start for end, _, _ in self.episodes])
         returns = np.array([ret for _, ret, _ in self.episodes])
         if times.size:
@@ -284,18 +298,22 @@ class Progress:
             rolling = np.convolve(returns, window, mode="valid")
             returns_axis.plot(times[times.size - rolling.size:], rolling,
                               label=f"mean of last {RECENT_EPISODES}")
-        returns_axis.axhline(SOLVED_RETURN, color="gray", linestyle="--", linewidth=1)
+        returns_axis.axhline(SOLVED_RETURN, color="gray", linestyle="--", linewidth=1,
+                             label=f"solved: mean of last {RECENT_EPISODES} >= "
+                                   f"{SOLVED_RETURN:g}")
         returns_axis.set_ylabel("return")
-        returns_axis.legend(loc="upper left")
+        # Legends right of the panels: inside, they covered episodes.
+        returns_axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         history_t = [p["t"] for p in self.history]
         rate_axis.plot(history_t, [p["add_rate"] for p in self.history], label="rows added/s")
         rate_axis.plot(history_t, [p["sample_rate"] for p in self.history],
                        label="rows sampled/s")
         rate_axis.set_xlabel("seconds")
         rate_axis.set_ylabel("rows per second")
-        rate_axis.legend(loc="upper left")
+        rate_axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+        returns_axis.set_title(title)
         figure.tight_layout()
-        figure.savefig(path, dpi=100)
+        figure.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(figure)
 
 
@@ -405,7 +423,9 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                 reports = ray.get([actor.report.remote() for actor in actors])
                 progress.update(reports, samples, learner.steps, rb.get_stored_size(),
                                 rb.get_buffer_size())
-                next_report = now + 1.0
+                # A second from the end of this report (which can take a while on a loaded
+                # machine), so that every rate is over about a second, never a sliver.
+                next_report = time.time() + 1.0
                 if args.stop_when_solved and progress.solved_at() is not None:
                     break
             if now >= deadline:
@@ -430,13 +450,16 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
             actor.stop.remote()
         steps = ray.get(runs, timeout=60)
         progress.update(ray.get([actor.report.remote() for actor in actors]), samples,
-                        learner.steps, rb.get_stored_size(), rb.get_buffer_size())
+                        learner.steps, rb.get_stored_size(), rb.get_buffer_size(), final=True)
         progress.close()
         for actor in actors:
             ray.kill(actor)
     elapsed = time.time() - start
     if args.plot:
-        progress.plot(args.plot)
+        progress.plot(args.plot, f"Ape-X DQN on CartPole-v1: {args.actors} actor"
+                                 f"{'s' if args.actors != 1 else ''}, one shared buffer "
+                                 f"(seed {args.seed})")
+        print(f"apex: plot written to {os.path.abspath(args.plot)}", file=sys.stderr)
     result: Dict[str, Any] = {
         "actors": args.actors,
         "seconds": round(elapsed, 2),

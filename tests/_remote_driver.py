@@ -315,7 +315,8 @@ def check_tasks_and_actors(user: Any, here: str) -> None:
         assert set(used["serials"]) == expected and used["inserts"] == len(expected), used
         assert ray.get(user.drop_decoy.remote(), timeout=TIMEOUT) == 1   # the decoy untouched
         errors = ray.get(user.bad_input.remote(), timeout=TIMEOUT)
-        assert errors["column"].startswith("ValueError: add needs exactly the columns"), errors
+        # (ColumnsError: a ValueError, and a KeyError as cpprb raises for a missing column)
+        assert errors["column"].startswith("ColumnsError: add needs exactly the columns"), errors
         assert errors["priority"].startswith("ValueError: priorities must be finite"), errors
         assert errors["index"].startswith(("ValueError", "IndexError")), errors
         # A task there, the buffer as an argument (and once through the object store).

@@ -234,7 +234,11 @@ BAD_UPDATES = {
     "index far out of range": (([2 ** 40], [1.0]), IndexError, "indexes"),
     "index not yet written": (([1, 5], [1.0, 1.0]), IndexError, "indexes"),
     "negative index": (([1, -1], [1.0, 1.0]), IndexError, "indexes"),
-    "float indexes": (([0.0, 1.0], [1.0, 1.0]), TypeError, "indexes"),
+    # Whole floats are indexes, as in cpprb (tests/test_cpprb_api.py); a fraction is none.
+    "fractional indexes": (([0.0, 1.5], [1.0, 1.0]), ValueError,
+                           "indexes must be whole numbers; got 1.5 at position 1"),
+    "nan indexes": (([math.nan], [1.0]), ValueError, "indexes must be whole numbers"),
+    "float index past int64": (([2.0**70], [1.0]), IndexError, "indexes must be below"),
     "str indexes": ((["0"], [1.0]), TypeError, "indexes"),
     "2-D indexes": (([[0, 1]], [1.0, 1.0]), ValueError, "indexes"),
     "2-D int64 array indexes": ((np.array([[0, 1]], dtype=np.int64), [1.0, 1.0]), ValueError,

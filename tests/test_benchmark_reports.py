@@ -1,13 +1,21 @@
-"""The benchmarks' target lines, from made-up results: the reporting logic, not a timing.
+"""The benchmarks' target lines, from made-up results: the reporting logic, not a timing (and one
+tiny real run of bench_writers.py, whose processes and counts are checked, not its speed).
 
 A verdict must need the ratio of the medians and the ratio of the minima to agree, so that one
 noisy round cannot print "met" (see benchmarks/_common.verdict)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from benchmarks import bench_apex, bench_buffer, bench_segtree
+from benchmarks import bench_apex, bench_buffer, bench_segtree, bench_writers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 UNSETTLED = "unsettled (median and minima disagree: noise; run again)"
 
@@ -215,3 +223,98 @@ def test_fill_commits_the_steps_n_step_staging_holds_back():
     with cpprb_ray.PrioritizedReplayBuffer(3000, _common.env_dict(), Nstep=spec) as rb:
         _common.fill(rb, 3000, np.random.default_rng(0), chunk=1024)
         assert rb.get_stored_size() == 3000 and rb._nstep.staged == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# bench_writers.py: the learner under many writers
+
+
+def writers_run(library: str, writers: int, steps_per_s: float, p99_us: float,
+                round_number: int = 0) -> dict:
+    return {"library": library, "writers": writers, "learner_steps_per_s": steps_per_s,
+            "round": round_number,
+            "p50_us": p99_us / 3, "p99_us": p99_us, "rows_added_per_s": 1000.0 * writers,
+            "rows_wanted_per_s": 1000.0 * writers, "learner_cpu_share": 0.9,
+            "voluntary_switches_per_step": 0.0, "involuntary_switches_per_step": 0.01}
+
+
+@pytest.mark.parametrize("kept, grown, steps_verdict, p99_verdict", [
+    (0.95, 2.0, "met", "met"), (0.80, 2.0, "NOT met", "met"), (0.95, 3.5, "met", "NOT met")])
+def test_writers_target_verdicts(kept, grown, steps_verdict, p99_verdict):
+    runs = [writers_run("cpprb_ray", 0, 10000.0, 50.0, 0),
+            writers_run("cpprb_ray", 0, 12000.0, 70.0, 1),
+            writers_run("cpprb_ray", 0, 11000.0, 60.0, 2)]
+    runs += [writers_run("cpprb_ray", 64, zero["learner_steps_per_s"] * kept,
+                         zero["p99_us"] * grown, zero["round"]) for zero in list(runs)]
+    summary = bench_writers.summarize(runs)
+    zero = next(row for row in summary if row["writers"] == 0)
+    assert zero["by_round"] == {"0": [10000.0, 50.0], "1": [12000.0, 70.0],
+                                "2": [11000.0, 60.0]}
+    assert zero["learner_steps_per_s"] == 11000.0 and zero["p99_us"] == 60.0  # medians
+    assert zero["steps_per_s_range"] == [10000.0, 12000.0] and zero["rounds"] == 3
+    lines = bench_writers.verdicts(summary)
+    assert lines[0].startswith("target cpprb_ray learner at K = 64 keeps >= 90% of its K = 0 "
+                               f"steps/s: {steps_verdict} ({kept:.1%}")
+    assert lines[1].startswith("target cpprb_ray learner's p99 step time at K = 64 within 3x "
+                               f"of K = 0's: {p99_verdict} ({grown:.2f}x")
+    assert "| cpprb_ray | 64 |" in bench_writers.table(summary)
+
+
+def test_writers_verdict_is_unsettled_when_a_round_disagrees_with_the_medians():
+    """A round whose K = 0 ran in a quiet moment: its own pair misses the target while the
+    medians over rounds meet it (as happened under load)."""
+    runs = [writers_run("cpprb_ray", 0, 9000.0, 3800.0, 0),
+            writers_run("cpprb_ray", 64, 10000.0, 960.0, 0),
+            writers_run("cpprb_ray", 0, 9100.0, 4000.0, 1),
+            writers_run("cpprb_ray", 64, 9000.0, 1700.0, 1),
+            writers_run("cpprb_ray", 0, 13000.0, 150.0, 2),
+            writers_run("cpprb_ray", 64, 11300.0, 600.0, 2)]
+    lines = bench_writers.verdicts(bench_writers.summarize(runs))
+    unsettled = ("unsettled (the medians over rounds and every round disagree: noise; run "
+                 "again)")
+    assert lines[0].startswith(f"target cpprb_ray learner at K = 64 keeps >= 90% of its K = 0 "
+                               f"steps/s: {unsettled}"), lines
+    assert "rounds: 111%, 99%, 87%" in lines[0]
+    assert f"within 3x of K = 0's: {unsettled}" in lines[1] and "4.00x" in lines[1]
+
+
+def test_writers_not_judged_without_k_zero():
+    summary = bench_writers.summarize([writers_run("cpprb_ray", 4, 100.0, 10.0)])
+    assert bench_writers.verdicts(summary) == [
+        "target: not judged (cpprb_ray was not run at K = 0 and a larger K)"]
+
+
+def test_writers_runs_real_processes_and_counts_their_rows(tmp_path):
+    """A real, tiny run: one learner and 2 writers at 2^10 rows for 0.5 s, cpprb_ray and its
+    paired control."""
+    out = tmp_path / "writers.json"
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "bench_writers.py"), "--writers",
+         "0", "2", "--seconds", "0.5", "--rounds", "1", "--exponent", "10", "--rate", "2000",
+         "--libraries", "cpprb_ray", "cpprb_ray_paired", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    payload = json.loads(out.read_text())
+    runs = {run["writers"]: run for run in payload["runs"] if run["library"] == "cpprb_ray"}
+    paired = [run for run in payload["runs"] if run["library"] == "cpprb_ray_paired"]
+    assert len(paired) == 2 and all(0 < run["untouched_p50_us"] <= run["untouched_p99_us"]
+                                    for run in paired)
+    assert runs[0]["rows_added_per_s"] == 0 and runs[0]["learner_steps_per_s"] > 0
+    # 2 writers at 2000 rows/s in batches of 16 for about 0.5 s: rows came in, at most as
+    # many as asked for (plus one batch each of slack at the window's edges).
+    loaded = runs[2]
+    assert 0 < loaded["rows_added_per_s"] <= 4000 + 2 * 16 / loaded["seconds"]
+    assert loaded["lock_waits_per_step"] >= 0 and 0 < loaded["p50_us"] <= loaded["p99_us"]
+    assert "target cpprb_ray learner at K = 2" in done.stdout
+
+
+def test_writers_paired_control_says_what_the_lock_costs():
+    run = writers_run("cpprb_ray_paired", 64, 5000.0, 90.0)
+    run.update(untouched_p50_us=20.0, untouched_p99_us=60.0)  # p50 30 µs: 1.5x; p99 1.5x
+    summary = bench_writers.summarize([writers_run("cpprb_ray", 0, 11000.0, 60.0),
+                                       writers_run("cpprb_ray", 64, 10000.0, 90.0), run])
+    lines = bench_writers.verdicts(summary)
+    assert lines[2] == ("what the lock costs at K = 64: a step on the writers' buffer takes "
+                        "1.50x (p50) and 1.50x (p99) a step on an untouched buffer at the same "
+                        "moments")
+    assert "| 30 | 90 | 20 / 60 |" in bench_writers.table(summary)

@@ -43,10 +43,12 @@ def test_writes_the_report_files(smoke_run):
 def test_table_has_the_ratio_column_and_every_figure(smoke_run):
     out, done, payload, _ = smoke_run
     pytest.importorskip("cpprb")  # the peer of the cpprb process, whose ratios are checked
-    assert "cpprb µs (x cpprb_ray)" in done.stdout
+    assert "### cpprb, cpprb MP (process cpprb)" in done.stdout
+    assert "cpprb µs (ratio)" in done.stdout
     rows = [row for row in payload["rows"] if row["library"] == "cpprb"]
     operations = {row["operation"] for row in rows}
-    assert operations == set(_workloads.OPERATIONS)
+    # Every operation but the streamed adds, which only Reverb's process measures.
+    assert operations == set(_workloads.OPERATIONS) - {"add(1) x1024 streamed"}
     for row in rows:
         assert row["reference"] == "cpprb_ray"
         assert 0 < row["min_us"] <= row["median_us"] <= row["max_us"]
@@ -54,6 +56,24 @@ def test_table_has_the_ratio_column_and_every_figure(smoke_run):
     ours = [row for row in payload["rows"] if row["library"] == "cpprb_ray"]
     assert ours and all(row["ratio"] is None and row["group"] == "cpprb" for row in ours)
     assert {row["warmth"] for row in ours} == {"warm", "cold"}
+
+
+def test_each_ratio_is_against_the_cpprb_ray_figure_on_its_line(smoke_run):
+    _, done, payload, _ = smoke_run
+    pytest.importorskip("cpprb")
+    ours = {(row["operation"], row["warmth"]): row for row in payload["rows"]
+            if row["library"] == "cpprb_ray" and row["group"] == "cpprb"}
+    table = done.stdout.split("### cpprb, cpprb MP (process cpprb)", 1)[1].split("\n#", 1)[0]
+    lines = [line for line in table.splitlines() if line.startswith("| learner step")]
+    assert lines
+    for line in lines:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        label, _, warmth, reference, theirs = cells[:5]
+        row = ours[("learner step", warmth)]
+        assert reference.startswith(f"{row['median_us']:.1f} [")
+        median = float(theirs.split(" [")[0])
+        shown = float(theirs.rsplit("(", 1)[1].rstrip("x)"))
+        assert shown == pytest.approx(median / row["median_us"], abs=0.06), line
 
 
 def test_missing_peers_are_skipped_with_a_reason(smoke_run):
@@ -71,15 +91,17 @@ def test_missing_peers_are_skipped_with_a_reason(smoke_run):
         import cpprb  # noqa: F401
     except ImportError:
         assert "not importable" in payload["groups"]["cpprb"]["skipped"]["cpprb"]
-    for name in ("apex", "multi_node", "frames"):
+    for name in ("apex", "multi_node", "frames", "writers"):
         assert payload["extras"][name] == {"skipped": "not run with --smoke"}
+    # Each skip says how to get what is missing.
+    assert "make bench-peers" in reason
 
 
 def test_plots_one_png_per_operation(smoke_run):
     pytest.importorskip("matplotlib")
     out, _, payload, _ = smoke_run
-    expected = {_compare_report.plot_name(operation) for operation in _workloads.OPERATIONS}
-    assert set(payload["plots"]) == expected
+    expected = {_compare_report.plot_name(row["operation"]) for row in payload["rows"]}
+    assert set(payload["plots"]) == expected and len(expected) >= 5
     for name in expected:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -88,5 +110,33 @@ def test_bad_peer_python_is_a_usage_error():
     done = subprocess.run([sys.executable, COMPARE, "--peer-python", "nobody=/usr/bin/python3"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "--peer-python expects NAME=PATH with NAME one of cpprb, rllib, tianshou, torchrl; "\
-           "got 'nobody=/usr/bin/python3'" in done.stderr
+    assert "--peer-python expects NAME=PATH with NAME one of cpprb, rllib, tianshou, torchrl, " \
+           "reverb; got 'nobody=/usr/bin/python3'" in done.stderr
+
+
+def test_help_names_make_bench_peers_and_what_it_downloads():
+    done = subprocess.run([sys.executable, COMPARE, "--help"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "make bench-peers" in text
+    for venv in (".venv-tianshou", ".venv-torchrl", ".venv-reverb"):
+        assert venv in text
+    assert "GB" in text and "--quick" in text and "minutes" in text
+
+
+def test_quick_budget_skips_a_section_that_does_not_fit_and_says_why(monkeypatch):
+    from benchmarks import compare
+
+    budget = compare.Budget(quick=True, started=0.0)
+    spent = compare.QUICK_PROMISE_S - compare.REPORT_RESERVE_S - 50.0
+    monkeypatch.setattr(compare.time, "perf_counter", lambda: spent)
+    why = budget.why_not("reverb")
+    assert why.startswith("not started: --quick promises") and "50 s were left" in why
+    assert "--quick --sections reverb" in why
+    assert budget.timeout(600) == pytest.approx(50.0 - compare.STOP_GRACE_S)
+    monkeypatch.setattr(compare.time, "perf_counter", lambda: 0.0)
+    assert budget.why_not("reverb") == ""
+    assert compare.Budget(quick=False, started=0.0).why_not("reverb") == ""
+    assert compare.Budget(quick=False, started=0.0, sections=["cpprb"]).why_not(
+        "reverb") == "not asked for (--sections)"

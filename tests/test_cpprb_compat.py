@@ -89,8 +89,6 @@ def test_alpha_is_the_third_positional_argument_as_in_cpprb():
 
 
 @pytest.mark.parametrize("cls, name, value, advice", [
-    (ReplayBuffer, "mmap_prefix", "rb", "backend='mmap', path="),
-    (PrioritizedReplayBuffer, "mmap_prefix", "rb", "backend='mmap', path="),
     (ReplayBuffer, "alpha", 0.5, "PrioritizedReplayBuffer's argument"),
     (ReplayBuffer, "check_for_update", True, "PrioritizedReplayBuffer's argument"),
     (MPReplayBuffer, "eps", 0.1, "PrioritizedReplayBuffer's argument"),
@@ -186,10 +184,25 @@ def test_is_nstep_and_episode_length():
     with ReplayBuffer(8, env, Nstep={"size": 2, "gamma": 0.9, "rew": "rew",
                                      "next": "next_obs"}) as rb:
         assert rb.is_Nstep() is True
-        with pytest.raises(NotImplementedError, match="count them in the environment loop"):
-            rb.get_current_episode_len()
+        # cpprb counts the rows stored: the N-step transitions, one step behind here.
+        rb.add(obs=[0, 1, 2], rew=[1, 1, 1], next_obs=[1, 2, 3], done=[0, 0, 0])
+        assert rb.get_current_episode_len() == 2
+        rb.on_episode_end()
+        assert rb.get_current_episode_len() == 0
     with MPReplayBuffer(8, env) as plain:
         assert plain.is_Nstep() is False
+        plain.add(obs=1, rew=1, next_obs=2, done=0)
+        view = MPReplayBuffer.attach(plain.name)
+        try:
+            assert plain.get_current_episode_len() == 1
+            assert view.get_current_episode_len() == 0   # counts from when it was attached
+            view.add(obs=1, rew=1, next_obs=2, done=0)
+            # The count is the buffer's: another writer's rows count too.
+            assert view.get_current_episode_len() == 1 and plain.get_current_episode_len() == 2
+            plain.clear()
+            assert plain.get_current_episode_len() == 0
+        finally:
+            view.close()
 
 
 # -- MP names --------------------------------------------------------------------------------------
@@ -333,14 +346,29 @@ def test_files_move_between_cpprb_and_cpprb_ray(tmp_path):
         assert np.array_equal(loaded[name], expected[name])
 
 
-def test_cpprb_unsafe_file_is_refused_with_the_fix(tmp_path):
+@pytest.mark.parametrize("next_of", [None, "obs"])
+def test_cpprb_unsafe_files_load_as_cpprb_loads_them(tmp_path, next_of):
+    """cpprb's safe=False files hold its raw ring and its cache of episode ends: they load into
+    a buffer with or without next_of, as the rows cpprb's own loader adds."""
     cpprb = pytest.importorskip("cpprb")
-    theirs = cpprb.ReplayBuffer(8, {"obs": {}, "done": {}}, next_of="obs")
-    theirs.add(obs=[1.0, 2.0], next_obs=[2.0, 3.0], done=[0.0, 0.0])
+    theirs = cpprb.ReplayBuffer(6, {"obs": {"shape": (2, 3)}, "done": {}}, next_of="obs",
+                                stack_compress="obs")
+    frames = np.arange(40.0).reshape(20, 2)
+    stack = lambda t: frames[t:t + 3].T   # noqa: E731 (a frame stack: the last axis)
+    for episode, steps in ((0, 4), (10, 5)):   # two episodes, the ring wraps
+        for t in range(episode, episode + steps):
+            theirs.add(obs=stack(t), next_obs=stack(t + 1), done=float(t == episode + steps - 1))
+        theirs.on_episode_end()
     theirs.save_transitions(str(tmp_path / "unsafe.npz"), safe=False)
-    with ReplayBuffer(8, {"obs": {}, "next_obs": {}, "done": {}}) as ours:
-        with pytest.raises(ValueError, match="save it with safe=True"):
-            ours.load_transitions(tmp_path / "unsafe.npz")
+    expected = theirs.get_all_transitions()
+    env = {"obs": {"shape": (2, 3)}, "done": {}}
+    if next_of is None:
+        env["next_obs"] = {"shape": (2, 3)}
+    with ReplayBuffer(6, env, next_of=next_of) as ours:
+        ours.load_transitions(tmp_path / "unsafe.npz")
+        rows = ours.get_all_transitions()
+    got = sorted(zip(rows["obs"].tolist(), rows["next_obs"].tolist()))
+    assert got == sorted(zip(expected["obs"].tolist(), expected["next_obs"].tolist()))
 
 
 def _pair(cpprb, name, *args, **kwargs):

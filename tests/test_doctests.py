@@ -19,7 +19,10 @@ MODULES = ["cpprb_ray", "cpprb_ray.buffer", "cpprb_ray.nstep", "cpprb_ray._orpha
            "cpprb_ray._ownership", "benchmarks._common", "cpprb_ray.checkpoint",
            "cpprb_ray._atomic", "cpprb_ray.remote", "cpprb_ray._client",
            "cpprb_ray._proxy", "benchmarks._two_nodes", "benchmarks._workloads",
-           "benchmarks._compare_worker", "benchmarks._compare_report"]
+           "benchmarks._compare_worker", "benchmarks._compare_report",
+           "cpprb_ray.factory", "cpprb_ray.hindsight", "cpprb_ray.laber",
+           "cpprb_ray.nstep_buffer", "cpprb_ray.reverse", "cpprb_ray.selective",
+           "cpprb_ray.training", "cpprb_ray.util", "cpprb_ray.frames"]
 EXTENSION_MODULES = ["cpprb_ray._segtree", "cpprb_ray._sync", "cpprb_ray._rules",
                      "cpprb_ray._columns", "cpprb_ray._store", "cpprb_ray._mapping"]
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

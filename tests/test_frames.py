@@ -81,6 +81,10 @@ def test_memory_of_the_atari_layout():
         dict(env, next_obs=env["obs"])), True, "shm")
     assert framed.total_size <= 7.5 * 2**30
     assert whole.total_size > 55 * 2**30
+    # One lane (the default) keeps cpprb's 2**20 rows in a ring with room for filler slots.
+    stored, config = LaneConfig.plan(columns, 2**20, True, "obs", "obs", None)
+    bounded = _layout.plan(config.slots(2**20), stored, True, "shm", lanes=config.to_meta())
+    assert config.rows == 2**20 and bounded.total_size <= 7.5 * 2**30
     with ReplayBuffer(64, env, next_of="obs", stack_compress="obs") as rb:
         assert rb.nbytes == rb._segment.size
 
@@ -526,10 +530,12 @@ def test_an_add_larger_than_a_lane_under_a_rate_limiter_adds_nothing():
     # rows committed (8 of 20 here). Now such an add is refused up front, nothing added.
     from cpprb_ray.rate_limiters import SampleToInsertRatio
     limiter = SampleToInsertRatio(1.0, 1, (-1.0, 12.0))
+    # (One lane keeps cpprb's 64 rows in a larger ring, and takes 64 rows at once: 80 are
+    # over.)
     with make(ReplayBuffer, 64, "auto", rate_limiter=limiter) as rb:
         source = streams.Stream(0, 10, glitches=False)
-        rows = source.transitions(20)
-        with pytest.raises(ValueError, match="at most 8 rows"):
+        rows = source.transitions(80)
+        with pytest.raises(ValueError, match="at most 64 rows"):
             rb.add(timeout=0, **rows)
         assert rb.get_stored_size() == 0 and rb.stats()["inserts"] == 0
         rb.add(timeout=0, **{name: value[:8] for name, value in rows.items()})

@@ -454,7 +454,7 @@ def test_a_killed_writer_loses_only_its_staged_steps(backend):
 
 @pytest.mark.parametrize("spec,error,message", [
     ("yes", TypeError, "Nstep must be a dict"),
-    ({"size": 3, "gamma": 0.9, "rew": "rew"}, ValueError, r"missing \['next'\]"),
+    ({"gamma": 0.9, "rew": "rew"}, ValueError, r"\('size' required\); unknown \[\]"),
     ({"size": 3, "gamma": 0.9, "rew": "rew", "next": "next_obs", "x": 1}, ValueError,
      r"unknown \['x'\]"),
     ({"size": 0, "gamma": 0.9, "rew": "rew", "next": "next_obs"}, ValueError,
