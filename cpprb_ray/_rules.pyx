@@ -544,7 +544,7 @@ def column_array(value, column, str name):
     (1 into uint8), and a ValueError naming the column where it does not, never a silent
     wrap (300 into int8 had stored 44, 2**63 into int64 -2**63). Floats into an integer or
     bool column go in when they are whole numbers it holds, as cpprb takes them
-    (:func:`whole_floats`; a fraction, NaN or inf is a ValueError). TypeError otherwise.
+    (:func:`cast_whole_floats`; a fraction, NaN or inf is a ValueError). TypeError otherwise.
 
     Examples
     --------
@@ -596,13 +596,13 @@ def column_array(value, column, str name):
                 raise ValueError(f"column {name!r} has dtype {column}; got "
                                  f"{_farthest(array)}, past any float") from None
     if array.dtype.kind == "f" and column.kind in "iub":
-        return whole_floats(array, column, name)
+        return cast_whole_floats(array, column, name)
     if not can_cast(array.dtype, column):
         raise cast_error(name, column, array.dtype)
     return array.astype(column)
 
 
-def whole_floats(array, column, str name):
+def cast_whole_floats(array, column, str name):
     """Floats into an integer or bool column, as cpprb takes them (np.zeros(8) into an int64
     column, 1.0 into a bool one): each must be a whole number within the column's range (0 or
     1 for bool); the first that is not (a fraction, NaN, inf, out of range) is a ValueError
@@ -611,10 +611,10 @@ def whole_floats(array, column, str name):
     Examples
     --------
     >>> import numpy as np
-    >>> from cpprb_ray._rules import whole_floats
-    >>> whole_floats(np.array([0.0, 3.0]), np.dtype(np.int64), "act")
+    >>> from cpprb_ray._rules import cast_whole_floats
+    >>> cast_whole_floats(np.array([0.0, 3.0]), np.dtype(np.int64), "act")
     array([0, 3])
-    >>> whole_floats(np.array([[1.0, 2.5]]), np.dtype(np.int64), "act")
+    >>> cast_whole_floats(np.array([[1.0, 2.5]]), np.dtype(np.int64), "act")
     Traceback (most recent call last):
     ...
     ValueError: column 'act' has dtype int64; got 2.5 at index (0, 1), not a whole number ...
