@@ -2,9 +2,11 @@
 #
 #   make demo         the main job: Ape-X on CartPole, examples/apex.py (sets up .venv first)
 #   make test         the whole test suite on Python 3.11 (sets up .venv first)
+#   make test-isolation  two runs of the segment and CLI tests at once (each touches only its own)
 #   make test-debug   tree, mutex, store and buffer tests against a CPPRB_RAY_DEBUG=1 build
 #   make test-asan    the same tests against an AddressSanitizer + UBSan build (and LSan)
 #   make test37       the whole suite on CPython 3.7 (Cython 3.0, numpy 1.21, ray 2.7.2)
+#   make test313      the suite on CPython 3.13, the newest the README names, newest numpy and Ray
 #   make wheel-check  sdist -> wheel, installed in a venv without Cython, smoke-tested
 #   make lint         ruff, mypy, stubtest and cython-lint
 #   make docs         the documentation site, docs/_build/html (sphinx -W: a warning fails it)
@@ -16,6 +18,7 @@
 # Virtual environments live in the repository (.venv*/ is gitignored):
 #   .venv         Python 3.11 (else python3): editable install, extensions built in place
 #   .venv37       CPython 3.7 from pyenv: editable install, its own ABI-tagged .so files in place
+#   .venv313      CPython 3.13 from pyenv, the newest pip gives of everything; the same, in place
 #   .venv-debug   a debug build made in a copy of the tree (.venv-debug/src), never in place
 #   .venv-asan    a sanitizer build, likewise in a copy (.venv-asan/src)
 #   .venv-wheel   rebuilt by every wheel-check, without Cython
@@ -38,6 +41,7 @@ find_python = $(shell for p in $(1); do \
 
 PYTHON ?= $(or $(call find_python,python3.11 $(shell ls -d $(PYENV_ROOT)/versions/3.11.*/bin/python 2>/dev/null | sort -rV),3.11),$(shell command -v python3))
 PYTHON37 ?= $(call find_python,python3.7 $(shell ls -d $(PYENV_ROOT)/versions/3.7.*/bin/python 2>/dev/null | sort -rV),3.7)
+PYTHON313 ?= $(call find_python,python3.13 $(shell ls -d $(PYENV_ROOT)/versions/3.13.*/bin/python 2>/dev/null | sort -rV),3.13)
 
 PIP_FLAGS ?= -q
 PYTEST_ARGS ?=
@@ -55,10 +59,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: help venv test cpprb-suite test-debug test-asan test37 venv37 wheel-check demo lint docs bench-peers compare clean distclean
+.PHONY: help venv test test-isolation cpprb-suite test-debug test-asan test37 venv37 test313 venv313 wheel-check demo lint docs bench-peers compare clean distclean
 
 help:
-	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,17p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------------------------------------
 # .venv: Python 3.11, editable install with the extensions built in place.
@@ -87,6 +91,26 @@ venv: .venv/.built
 
 test: venv
 	.venv/bin/python -m pytest -q $(PYTEST_ARGS)
+
+# Two copies of the tests that make, list and remove segments, run at once: as two checkouts'
+# `make test` on one machine, or a user's tests beside a crashed job whose buffer waits to be
+# inspected. Each must touch only the segments it made (its sweeps of orphans take its own name
+# prefix; its leak check, its own segments): a copy that removed the other's deliberate orphans
+# fails the other's assertions. Each run's output is shown, then the status of both.
+ISOLATION_TESTS := tests/test_cli.py tests/test_endings.py tests/test_ownership.py
+
+test-isolation: venv
+	@logs="$$(mktemp -d)"; status=0; \
+	    for copy in a b; do \
+	        .venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(ISOLATION_TESTS) \
+	            >"$$logs/$$copy" 2>&1 & \
+	        eval "pid_$$copy=$$!"; \
+	    done; \
+	    wait "$$pid_a" || status=1; wait "$$pid_b" || status=1; \
+	    for copy in a b; do echo "== copy $$copy"; tail -n 40 "$$logs/$$copy"; done; \
+	    rm -rf "$$logs"; \
+	    if [ "$$status" -ne 0 ]; then echo "error: the two copies interfered (or a test failed)" >&2; fi; \
+	    exit $$status
 
 # Ape-X on CartPole (docs/apex.md): 2 actors, up to 90 s, stops once the mean return of the
 # last 20 episodes reaches 150; the figure goes to build/apex.png. DEMO_ARGS overrides.
@@ -268,6 +292,44 @@ test37: venv37
 	    .venv37/bin/python -m pytest -q $(addprefix --ignore=,$(PY37_IGNORE)) $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------------------------------------
+# CPython 3.13, the newest Python the README names, with the newest of everything that pip gives
+# it (numpy, Cython, Ray: -U on every run of .deps), so that a deprecation there shows here
+# first. Its cpython-313 .so files sit in place beside the others.
+
+.venv313/.deps: pyproject.toml setup.py
+	@test -n "$(PYTHON313)" || { echo "error: no CPython 3.13 found (pyenv install 3.13)" >&2; exit 1; }
+	@echo "== .venv313: $(PYTHON313) ($$($(PYTHON313) -V 2>&1))"
+	rm -rf .venv313
+	$(PYTHON313) -m venv .venv313
+	.venv313/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel "Cython>=3.1"
+	.venv313/bin/python -m pip install $(PIP_FLAGS) -U numpy
+	.venv313/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation -e '.[test,ray,examples]'
+	.venv313/bin/python -c 'import numpy, ray, sys; print("== .venv313: Python", sys.version.split()[0], "numpy", numpy.__version__, "ray", ray.__version__)'
+	touch $@
+
+.venv313/.built: .venv313/.deps $(EXT_SOURCES)
+	.venv313/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation --no-deps -e .
+	touch $@
+
+venv313: .venv313/.built
+	@.venv313/bin/python -c '$(IMPORT_EXTENSIONS)' 2>/dev/null || { \
+	    echo "== 3.13 extension modules missing: rebuilding in place"; \
+	    .venv313/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation --no-deps -e .; \
+	    .venv313/bin/python -c '$(IMPORT_EXTENSIONS)'; }
+
+# As the 3.7 leg (the tooling checked on 3.11 left out, the fuzz run shortened), and, to keep
+# CI's total within bounds, without the slowest process-heavy files: the two-node Ray cluster,
+# the ptrace single-stepping, the soak, the Ape-X example and the process endings. They drive
+# the same kernels through processes that the 3.11 and 3.7 legs run whole; what is new on 3.13
+# (the interpreter, numpy's newest deprecations, Ray's newest release) meets every other file.
+PY313_IGNORE := $(PY37_IGNORE) tests/test_remote.py tests/test_crash_points.py \
+    tests/test_soak.py tests/test_apex_example.py tests/test_endings.py tests/test_processes.py
+
+test313: venv313
+	CPPRB_RAY_FUZZ_SECONDS=$(PY37_FUZZ_SECONDS) CPPRB_RAY_SOAK_SECONDS=$(PY37_SOAK_SECONDS) \
+	    .venv313/bin/python -m pytest -q $(addprefix --ignore=,$(PY313_IGNORE)) $(PYTEST_ARGS)
+
+# ---------------------------------------------------------------------------------------------
 # sdist, then the wheel built FROM that sdist (python -m build's default), into dist/; then a
 # fresh venv without Cython installs the wheel and smoke-tests it from outside the checkout.
 
@@ -344,9 +406,9 @@ compare: venv bench-peers
 
 clean:
 	rm -rf build dist docs/_build *.egg-info .venv-debug .venv-asan .venv-wheel .pytest_cache .hypothesis \
-	    .mypy_cache .ruff_cache .venv/.built .venv37/.built
+	    .mypy_cache .ruff_cache .venv/.built .venv37/.built .venv313/.built
 	rm -f $(foreach e,$(EXTENSIONS),cpprb_ray/$(e).c cpprb_ray/$(e).html cpprb_ray/$(e).*.so)
 	find cpprb_ray tests benchmarks -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
 
 distclean: clean
-	rm -rf .venv .venv37 .venv-tianshou .venv-torchrl .venv-reverb
+	rm -rf .venv .venv37 .venv313 .venv-tianshou .venv-torchrl .venv-reverb

@@ -9,6 +9,15 @@ this cluster never meets another on the machine: a plain ``ray.init()`` elsewher
 find it, and :meth:`TwoNodes.stop` ends exactly the processes it started (their process
 groups), never another cluster's (``ray stop`` would end every Ray of this user).
 
+What it binds: both nodes are given ``--node-ip-address``, the address this machine's own
+outward interface has (:func:`own_address`: the one a local Ray picks by default, checked to
+be this machine's by binding a socket to it), so nothing listens on an address that is not
+this machine's; :meth:`TwoNodes.start` says which on stderr. It cannot be loopback: Ray then
+refuses a second node. The single-node runtimes that the tests, the benchmarks and the
+examples start on their own stay on 127.0.0.1 instead (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+which this harness removes from its nodes' environment). A user's own cluster, given by
+``address=``, is left as it is.
+
 Needs root (or CAP_SYS_ADMIN) for the mount namespace, and Ray's ``ray`` script beside the
 running interpreter's Ray (``python -m ray.scripts.scripts``).
 """
@@ -38,6 +47,26 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def own_address() -> str:
+    """This machine's outward IPv4 address (what a route to the outside leaves from; no packet
+    is sent), checked to be one of its own by binding a socket to it; 127.0.0.1 where it has
+    none.
+
+    >>> address = own_address()
+    >>> with socket.socket() as probe:
+    ...     probe.bind((address, 0))     # an address of this machine
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))     # TEST-NET-1: connect() only picks a route
+            address = str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+    with socket.socket() as check:
+        check.bind((address, 0))                # OSError if it is not this machine's
+    return address
 
 
 def can_unshare() -> Optional[str]:
@@ -77,6 +106,7 @@ class TwoNodes:
         self.cpus = cpus
         self.directory = ""
         self.address = ""
+        self.node_ip = ""
         self.processes: List[subprocess.Popen] = []
 
     def env(self) -> Dict[str, str]:
@@ -85,6 +115,8 @@ class TwoNodes:
         env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
                     "PYTHONPATH": os.pathsep.join(self.python_path)})
         env.pop("RAY_ADDRESS", None)
+        # Set, it keeps a node on loopback and makes Ray refuse the second one.
+        env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         return env
 
     def _ray(self) -> List[str]:
@@ -105,7 +137,12 @@ class TwoNodes:
         # Short: Ray's socket paths under it must stay within 107 bytes.
         self.directory = tempfile.mkdtemp(prefix="cr2n_", dir="/tmp")
         ray = self._ray()
-        common = ["--block", "--num-cpus", str(self.cpus), "--disable-usage-stats"]
+        self.node_ip = own_address()
+        print(f"two-node Ray cluster: both nodes bind {self.node_ip}, an address of this "
+              f"machine (its outward interface; loopback cannot hold two nodes)",
+              file=sys.stderr, flush=True)
+        common = ["--block", "--num-cpus", str(self.cpus), "--disable-usage-stats",
+                  "--node-ip-address", self.node_ip]
         head = self._launch(ray + [
             "start", "--head", "--port", str(free_port()), "--include-dashboard=false",
             "--dashboard-port", str(free_port()),

@@ -600,6 +600,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     features = detect_features(args)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not args.remote:
+        # Before ray is imported (read then): our own single node stays on loopback.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
     info = common.run_info(args.quick)
@@ -631,7 +634,10 @@ def main(argv=None) -> int:
             cluster.stop()
             raise
     else:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True,
+        # Its own single node stays on loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, set in
+        # main() before ray is imported; the two-node cluster above needs it unset).
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True,
+                 _node_ip_address="127.0.0.1",
                  runtime_env={"env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}})
     results: Dict[str, Dict[str, Any]] = {}
     failures: Dict[str, str] = {}

@@ -25,7 +25,18 @@ load
 numpy load
     ``np.load`` of the arrays back from their file (into private memory, no buffer made).
 dump
-    ``rb._image.dump()`` alone: how long a save holds the buffer's lock.
+    ``rb._image.dump()`` alone: the copy a save makes (in chunks of 4 MiB, each under its own
+    hold of the buffer's lock, then one short hold for what was written meanwhile).
+
+Then, unless ``--no-busy``, the save while the buffer is in use, as a learner saves for
+preemption: a thread of this process samples 256 rows and updates their priorities in a loop
+(the learner), and two writer processes add batches of 64 rows. Reported: the busy save's
+median over the quiet one's (the goal: at most 1.5), the learner's steps per second during the
+saves over its pace without a save (at least 0.8), and the longest single call (the learner's
+sample + update, a writer's add) while the saves ran (at most 50 ms), beside the longest call
+of the same loops without a save (what the machine's load alone gives). Load: its speed over
+``np.load``'s for the same bytes is the inverse of the ratio "load / numpy load" (the goal: at
+least 0.5).
 
 Both sides read files they have just written, so loads come from the page cache. The table gives
 the median (min) milliseconds and the ratios ours/numpy (below 1: ours is faster).
@@ -77,6 +88,88 @@ def numpy_load(file: str, count: int) -> List[np.ndarray]:
         return [np.load(handle) for _ in range(count)]
 
 
+def writer(rb: Any, seed: int, stop: Any, longest: Any, ready: Any) -> None:
+    """A writer process: add 64 rows at a time until `stop`; `longest` gets the longest add
+    (seconds) since it was last reset to 0 by the parent."""
+    rng = np.random.default_rng(seed)
+    batch = {name: rng.random((64,) + tuple(np.atleast_1d(spec.get("shape", 1))))
+             .astype(spec.get("dtype", np.float32)) for name, spec in common.env_dict().items()}
+    ready.set()
+    while not stop.is_set():
+        start = time.perf_counter()
+        rb.add(**batch)
+        took = time.perf_counter() - start
+        if took > longest.value:
+            longest.value = took
+    rb.close()
+
+
+def busy_saves(rb: Any, file: str, rounds: int, quiet_s: float) -> Dict[str, float]:
+    """Saves while a learner thread samples and updates and two writer processes add."""
+    import multiprocessing
+    import threading
+
+    ctx = multiprocessing.get_context("spawn")
+    stop, halt = ctx.Event(), threading.Event()
+    longest_adds = [ctx.Value("d", 0.0) for _ in range(2)]
+    readies = [ctx.Event() for _ in range(2)]
+    steps = [0]
+    calls: List[float] = []
+
+    def learner() -> None:
+        rng = np.random.default_rng(1)
+        while not halt.is_set():
+            start = time.perf_counter()
+            batch = rb.sample(256)
+            rb.update_priorities(batch["indexes"], rng.random(256) + 0.1, batch["generations"])
+            calls.append(time.perf_counter() - start)
+            steps[0] += 1
+
+    writers = [ctx.Process(target=writer, args=(rb, k, stop, longest_adds[k], readies[k]))
+               for k in range(2)]
+    for process in writers:
+        process.start()
+    thread = threading.Thread(target=learner)
+    try:
+        for ready in readies:
+            ready.wait(120)
+        thread.start()
+        time.sleep(1.0)
+        # Without a save: the learner's pace and the longest calls the machine's load gives.
+        calls.clear()
+        for value in longest_adds:
+            value.value = 0.0
+        first, began = steps[0], time.perf_counter()
+        time.sleep(3.0)
+        pace_alone = (steps[0] - first) / (time.perf_counter() - began)
+        idle_call = max(calls + [0.0])
+        idle_add = max(value.value for value in longest_adds)
+        calls.clear()
+        for value in longest_adds:
+            value.value = 0.0
+        saves: List[float] = []
+        first, spent = steps[0], 0.0
+        for _ in range(rounds):
+            saves.append(timed(lambda: rb.save(file)))
+            spent += saves[-1]
+        pace_saving = (steps[0] - first) / spent
+        busy_call = max(calls + [0.0])
+        busy_add = max(value.value for value in longest_adds)
+    finally:
+        halt.set()
+        stop.set()
+        if thread.is_alive():
+            thread.join()
+        for process in writers:
+            process.join(60)
+    return {"busy_save_median_ms": float(np.median(saves)) * 1e3,
+            "busy_over_quiet": float(np.median(saves)) / quiet_s,
+            "learner_pace": pace_saving / pace_alone,
+            "longest_learner_call_ms": busy_call * 1e3, "longest_add_ms": busy_add * 1e3,
+            "longest_learner_call_without_save_ms": idle_call * 1e3,
+            "longest_add_without_save_ms": idle_add * 1e3}
+
+
 def timed(call: Callable[[], Any]) -> float:
     start = time.perf_counter()
     call()
@@ -91,6 +184,8 @@ def main(argv=None) -> int:
                         help="where the files go (default: the temporary directory)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--exponent", type=int, default=20, help="capacity 2**EXPONENT")
+    parser.add_argument("--no-busy", action="store_true",
+                        help="skip the saves while a learner and two writers run")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     cpprb_ray = common.import_cpprb_ray()
@@ -122,6 +217,8 @@ def main(argv=None) -> int:
             times["dump"].append(timed(rb._image.dump))
         sizes = {"checkpoint_bytes": os.path.getsize(ours_file),
                  "numpy_bytes": os.path.getsize(numpy_file)}
+        busy = ({} if args.no_busy else
+                busy_saves(rb, ours_file, plan["rounds"], float(np.median(times["save"]))))
     finally:
         rb.close()
         for file in (ours_file, numpy_file):
@@ -140,10 +237,22 @@ def main(argv=None) -> int:
         print(f"{side:<22}{stats[side]['median_ms']:>9.1f} ({stats[side]['min_ms']:.1f})")
     for name, ratio in ratios.items():
         print(f"{name:<22}{ratio['median_ms']:>9.2f} ({ratio['min_ms']:.2f})")
+    print(f"{'load speed / np.load':<22}{1 / ratios['load / numpy load']['median_ms']:>9.2f} "
+          f"({1 / ratios['load / numpy load']['min_ms']:.2f})   (goal: >= 0.5)")
+    if busy:
+        print(f"\nsaves while a learner thread samples + updates and two writers add "
+              f"(median of {plan['rounds']}):")
+        print(f"{'busy save, ms':<34}{busy['busy_save_median_ms']:>9.1f}")
+        print(f"{'busy save / quiet save':<34}{busy['busy_over_quiet']:>9.2f}   (goal: <= 1.5)")
+        print(f"{'learner pace while saving':<34}{busy['learner_pace']:>9.2f}   (goal: >= 0.8)")
+        print(f"{'longest learner call, ms':<34}{busy['longest_learner_call_ms']:>9.1f}   "
+              f"(goal: <= 50; {busy['longest_learner_call_without_save_ms']:.1f} without a save)")
+        print(f"{'longest writer add, ms':<34}{busy['longest_add_ms']:>9.1f}   "
+              f"(goal: <= 50; {busy['longest_add_without_save_ms']:.1f} without a save)")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"info": info, "capacity": capacity, "sizes": sizes, "times_s": times,
-                       "stats": stats, "ratios": ratios}, handle, indent=2)
+                       "stats": stats, "ratios": ratios, "busy": busy}, handle, indent=2)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Command line: ``python -m cpprb_ray ls`` and ``python -m cpprb_ray rm NAME | --orphans``.
+"""Command line: ``python -m cpprb_ray ls [--prefix P]`` and
+``python -m cpprb_ray rm NAME | --orphans [--prefix P]``.
 
 Errors are messages on stderr with a nonzero exit status, never tracebacks.
 """
@@ -10,7 +11,7 @@ import os
 import sys
 from typing import List, Optional
 
-from cpprb_ray._orphans import UNKNOWN, list_buffers, remove_buffer, sweep_orphans
+from cpprb_ray._orphans import UNKNOWN, check_prefix, list_buffers, remove_buffer, sweep_orphans
 
 _OWNER_TEXT = {"alive": "yes", "dead": "no", UNKNOWN: "unknown"}
 
@@ -41,7 +42,8 @@ def _main(argv: Optional[List[str]]) -> int:
     parser = argparse.ArgumentParser(prog="python -m cpprb_ray",
                                      description="List and remove cpprb_ray buffers.")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("ls", help="list this user's buffers")
+    listing = commands.add_parser("ls", help="list this user's buffers")
+    listing.add_argument("--prefix", help="only buffers whose name starts with PREFIX")
     remove = commands.add_parser("rm", help="remove buffers by name, or every orphan")
     remove.add_argument("names", nargs="*", help="buffer names (shm) or paths (mmap)")
     remove.add_argument("--orphans", action="store_true",
@@ -49,10 +51,16 @@ def _main(argv: Optional[List[str]]) -> int:
     remove.add_argument("--force", action="store_true",
                         help="with --orphans, also remove buffers whose owner cannot be seen "
                              "from here (another pid namespace or boot: another container)")
+    remove.add_argument("--prefix",
+                        help="with --orphans, only buffers whose name (an mmap file's name, "
+                             "without its directory) starts with PREFIX")
     args = parser.parse_args(argv)
 
     if args.command == "ls":
-        rows = list_buffers()
+        try:
+            rows = list_buffers(args.prefix)
+        except ValueError as error:
+            parser.error(str(error))
         print(f"{'NAME':<40} {'BACKEND':<7} {'SIZE':>10} {'ROWS':>15} {'OWNER PID':>9} OWNER ALIVE")
         for row in rows:
             rows_text = f"{row['stored']}/{row['capacity']}"
@@ -67,6 +75,12 @@ def _main(argv: Optional[List[str]]) -> int:
         parser.error("rm needs NAME ... or --orphans")
     if args.force and not args.orphans:
         parser.error("--force goes with --orphans (rm NAME removes NAME whatever its owner)")
+    if args.prefix is not None and not args.orphans:
+        parser.error("--prefix goes with --orphans (rm NAME names its buffers itself)")
+    try:
+        check_prefix(args.prefix)
+    except ValueError as error:
+        parser.error(str(error))
     status = 0
     for name in args.names:
         try:
@@ -81,7 +95,7 @@ def _main(argv: Optional[List[str]]) -> int:
             print(f"no such buffer: {name}", file=sys.stderr)
             status = 1
     if args.orphans:
-        removed_orphans, skipped = sweep_orphans(force=args.force)
+        removed_orphans, skipped = sweep_orphans(force=args.force, prefix=args.prefix)
         for name in removed_orphans:
             print(f"removed orphan {name}")
         for name, why in skipped:

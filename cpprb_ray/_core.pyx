@@ -13,7 +13,7 @@ commits and clears ``op``. Every change of ``op`` goes through ``publish_op`` (f
 holder killed between two instructions leaves exactly the stores it had issued, in program order.
 """
 
-from libc.math cimport floor, isfinite, powf
+from libc.math cimport INFINITY, floor, isfinite, powf
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
@@ -24,8 +24,9 @@ from cpprb_ray._segment cimport (LIMITER_AT, MUTEX_AT, OP_ADD, OP_CLEAR, OP_NONE
                                  ST_ALL_TORN, ST_ALL_ZERO, ST_CORRUPT, ST_EMPTY, ST_LOCK_ERROR,
                                  ST_LOCK_TIMEOUT, ST_NAN_TREE, ST_OK, Header, header_problem)
 from cpprb_ray._segtree cimport (Xoshiro256, is_unset, rng_uniform, tree_bind,
-                                 tree_clear_all, tree_min, tree_rebuild, tree_refresh,
-                                 tree_refresh_range, tree_sample, tree_total, unset_leaf)
+                                 tree_clear_all, tree_consistent, tree_min, tree_rebuild,
+                                 tree_refresh, tree_refresh_range, tree_sample, tree_total,
+                                 unset_leaf)
 from cpprb_ray._sync cimport (LOCK_TIMED_OUT, LOCKED_OWNER_DIED, mutex_consistent,
                               mutex_timedlock, mutex_trylock, mutex_unlock, pthread_mutex_t)
 
@@ -205,6 +206,10 @@ cdef void store_repair(StoreView* view) noexcept nogil:
         h.max_priority = (h.pending_old_max_priority
                           if isfinite(h.pending_old_max_priority)
                           and h.pending_old_max_priority >= 0.0 else 1.0)
+    elif h.op == OP_UPDATE:
+        # Leaves it wrote stay: max_priority covers the largest priority it may have written.
+        if isfinite(h.pending_old_max_priority) and h.pending_old_max_priority > h.max_priority:
+            h.max_priority = h.pending_old_max_priority
     elif h.op == OP_CLEAR:
         store_clear(view)
     if view.part.count_rows != NULL:
@@ -295,17 +300,32 @@ cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double 
     cdef Header* h = view.header
     cdef int64_t k, index, stored = h.stored_size, tries
     cdef RowTest holds_row = view.part.holds_row
-    cdef double total, inverse_lowest
+    cdef double total, lowest, heaviest, inverse_lowest, leaf
     if stored == 0:
         return ST_EMPTY
     if view.prioritized:
         total = tree_total(&view.tree)
         if not isfinite(total):
             return ST_NAN_TREE
+        # A root, or a min path, that no writer leaves (a NaN, an infinity, a negative or a
+        # value no leaf has, written into a node): reported, never turned into weights.
+        if not tree_consistent(&view.tree):
+            return ST_CORRUPT
         if not total > 0.0:
             return ST_ALL_ZERO if any_committed(view, stored) else ST_ALL_TORN
+        # A positive total has a least positive leaf, and no writer leaves one lighter than
+        # a priority of 0 weighs, eps ** alpha (leaf_weight: a consistent tree over a leaf of
+        # 1e-300 made every other weight underflow to 0).
+        lowest = tree_min(&view.tree)
+        if not (lowest > 0.0 and lowest < INFINITY
+                and lowest >= leaf_weight(0.0, h.eps, h.alpha) * (1.0 - 1e-12)):
+            return ST_CORRUPT
+        # Nor one heavier than the largest priority seen weighs (every write of a leaf raises
+        # max_priority to its priority first; a consistent tree over a leaf of 1e300 made the
+        # others' weights underflow to 0).
+        heaviest = leaf_weight(h.max_priority, h.eps, h.alpha) * (1.0 + 1e-12)
         if tree_sample(&view.tree, rng, scratch, indexes, batch):
-            return ST_CORRUPT       # a padding node that is not 0 steered a walk
+            return ST_CORRUPT       # a padding node that is not 0, or a node not its children's sum
         for k in range(batch):
             # The tree only reaches set leaves of committed rows; anything else is a corrupt
             # node, and must not become an address.
@@ -314,6 +334,11 @@ cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double 
                     return ST_CORRUPT
             elif (indexes[k] < 0 or indexes[k] >= view.capacity
                   or not holds_row(view, indexes[k])):
+                return ST_CORRUPT
+            # Every leaf a walk reaches is a weight of at least the min: (leaf / min)^-beta
+            # is then in (0, 1], never NaN, infinite or the inverse of a negative.
+            leaf = view.tree.sums[indexes[k]]
+            if not (leaf >= lowest and leaf <= heaviest):
                 return ST_CORRUPT
         # Ask for every sampled record now: their misses then overlap the weights below
         # instead of waiting for the gather. (Asking from inside the walk, as each leaf is
@@ -324,7 +349,7 @@ cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double 
             return batch
         # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta. The weights are
         # float32, so float32 powf (about 1e-7 relative) is exact enough and much cheaper.
-        inverse_lowest = 1.0 / tree_min(&view.tree)
+        inverse_lowest = 1.0 / lowest
         for k in range(batch):
             weights[k] = 1.0 if beta == 0.0 else powf(
                 <float>(view.tree.sums[indexes[k]] * inverse_lowest), <float>-beta)
@@ -394,6 +419,13 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
     # checked) of the entry GATHER_AHEAD places ahead, so several misses are in flight.
     for k in range(min(count, GATHER_AHEAD)):
         prefetch_update(view, indexes[k], generations != NULL)
+    # For a repair after this holder's death: the largest priority it may have written. (Its
+    # leaves stay as written; max_priority must cover them, or a sample reports them as
+    # heavier than any priority seen.)
+    h.pending_old_max_priority = max_priority
+    for k in range(count):
+        if priorities[k] > h.pending_old_max_priority:
+            h.pending_old_max_priority = priorities[k]
     publish_op(&h.op, OP_UPDATE)
     for k in range(count):
         if k + GATHER_AHEAD < count:
@@ -420,6 +452,11 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
     h.max_priority = max_priority
     h.updates += applied
     publish_op(&h.op, OP_NONE)
+    # The refresh recomputed the ancestors of the leaves written from their children: a corrupt
+    # node beside them (a NaN, -inf, a negative) has reached the root. Reported, not left for
+    # the next sample's weights (one -inf and one update made every weight inf).
+    if view.prioritized and not tree_consistent(&view.tree):
+        return ST_CORRUPT
     return applied
 
 

@@ -448,8 +448,14 @@ class Handle:
     def stats(self) -> Dict[str, Any]:
         """stats() -> dict: what the buffer has done, as every process sees it.
 
-        Cheap (no lock; each count is one aligned load, exact on its own, while two counts may
-        be from moments a call apart), so it can be polled every second from any process:
+        Cheap (one copy of the counters under the lock, a few hundred nanoseconds), so it can be
+        polled every second from any process; the counts are of one moment. Should the lock not
+        come within 50 ms (a holder stopped by SIGSTOP or a debugger), each count is read
+        without it instead, exact on its own, two of them possibly a call apart:
+
+        ``snapshot``
+            True when the counts were copied under the lock (one moment), False when the lock
+            did not come within 50 ms and they were read one by one.
 
         ``inserts``, ``samples``
             Rows ever added (those of an add that a repair rolled back do not count) and rows

@@ -20,7 +20,7 @@ import os
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
-from cpprb_ray import _layout, _memory, _proc, _segment
+from cpprb_ray import _layout, _memory, _proc, _rules, _segment
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
@@ -167,8 +167,26 @@ def _describe(path: str) -> Dict[str, Any]:
             "problem": ""}
 
 
-def list_buffers() -> List[Dict[str, Any]]:
-    """This user's cpprb_ray buffers on this host, as dicts.
+def check_prefix(prefix: Optional[str]) -> Optional[str]:
+    """`prefix` as given, or TypeError / ValueError naming it: None (every buffer), or the
+    start of a segment's file name (not a path: no '/'; no NUL, which would cut it)."""
+    if prefix is None:
+        return None
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str or None; got {type(prefix).__name__}")
+    if not prefix or "/" in prefix or "\0" in prefix:
+        raise ValueError(f"prefix must be the start of a buffer's file name: 1 or more "
+                         f"characters without '/' or NUL; got {_rules.shown(repr(prefix), 60)}")
+    return prefix
+
+
+def _matches(path: str, prefix: Optional[str]) -> bool:
+    return prefix is None or os.path.basename(path).startswith(prefix)
+
+
+def list_buffers(prefix: Optional[str] = None) -> List[Dict[str, Any]]:
+    """This user's cpprb_ray buffers on this host, as dicts; given `prefix`, only those whose
+    file name (an shm buffer's name, an mmap file's name without its directory) starts with it.
 
     Keys: name, backend, size (bytes), capacity, stored, prioritized, owner_pid, owner_status
     ("alive", "dead", or "unknown" when the owner runs in another pid namespace or kernel boot,
@@ -183,8 +201,11 @@ def list_buffers() -> List[Dict[str, Any]]:
     ...     print(any(entry["name"] == rb.name for entry in list_buffers()))
     True
     """
+    check_prefix(prefix)
     found = []
     for path in _candidate_files():
+        if not _matches(path, prefix):
+            continue
         try:
             found.append(_describe(path))
         except (OSError, ValueError):
@@ -235,25 +256,30 @@ def _unlink_entry(entry: Dict[str, Any]) -> bool:
     return _memory.unlink("mmap", entry["path"])
 
 
-def sweep_orphans(force: bool = False) -> Tuple[List[str], List[Tuple[str, str]]]:
+def sweep_orphans(force: bool = False, prefix: Optional[str] = None,
+                  ) -> Tuple[List[str], List[Tuple[str, str]]]:
     """Unlink the buffers whose owner is gone; returns (removed names, [(name, why) skipped]).
 
     Buffers whose owner's state cannot be known from here ("unknown") are skipped, with the
-    reason, unless `force`; buffers whose owner is alive are never touched.
+    reason, unless `force`; buffers whose owner is alive are never touched. Given `prefix`,
+    only buffers whose file name starts with it are looked at (:func:`list_buffers`): one job's
+    orphans, leaving another's, still to be inspected, alone.
 
     Examples
     --------
+    >>> import os
     >>> from cpprb_ray import ReplayBuffer
-    >>> with ReplayBuffer(4, {"obs": {}}) as rb:
-    ...     removed, skipped = sweep_orphans()
-    ...     print(rb.name in removed, rb.name in dict(skipped))
-    False False
+    >>> job = "cpprb_ray_job_" + os.urandom(4).hex() + "_"   # the prefix of one job's buffers
+    >>> with ReplayBuffer(4, {"obs": {}}, name=job + "learner") as rb:
+    ...     print(sweep_orphans(prefix=job))   # its owner (this process) lives: kept
+    ([], [])
     """
     if not isinstance(force, bool):
         raise TypeError(f"force must be a bool; got {type(force).__name__}")
+    check_prefix(prefix)
     removed: List[str] = []
     skipped: List[Tuple[str, str]] = []
-    for entry in list_buffers():
+    for entry in list_buffers(prefix):
         if entry["owner_status"] == ALIVE:
             continue
         if entry["owner_status"] == UNKNOWN and not force:
@@ -264,18 +290,21 @@ def sweep_orphans(force: bool = False) -> Tuple[List[str], List[Tuple[str, str]]
     return removed, skipped
 
 
-def remove_orphans(force: bool = False) -> List[str]:
+def remove_orphans(force: bool = False, prefix: Optional[str] = None) -> List[str]:
     """Unlink every buffer whose owner process is gone; returns their names.
 
     An owner in another pid namespace or kernel boot (a container sharing /dev/shm) cannot be
-    seen from here: such buffers are kept unless `force` (see :func:`sweep_orphans`).
+    seen from here: such buffers are kept unless `force` (see :func:`sweep_orphans`). Given
+    `prefix`, only buffers whose file name starts with it are looked at (one job's buffers,
+    named by it with ``name=``); without it, every orphan of this user on this host goes.
 
     Examples
     --------
+    >>> import os
     >>> from cpprb_ray import ReplayBuffer, remove_orphans
-    >>> with ReplayBuffer(4, {"obs": {}}) as rb:
-    ...     removed = remove_orphans()
-    ...     print(isinstance(removed, list), rb.name in removed)  # a live owner's buffer stays
-    True False
+    >>> job = "cpprb_ray_job_" + os.urandom(4).hex() + "_"   # the prefix of one job's buffers
+    >>> with ReplayBuffer(4, {"obs": {}}, name=job + "learner") as rb:
+    ...     print(remove_orphans(prefix=job))  # a live owner's buffer stays
+    []
     """
-    return sweep_orphans(force)[0]
+    return sweep_orphans(force, prefix)[0]

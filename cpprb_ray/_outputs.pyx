@@ -87,6 +87,9 @@ cdef class SampleOutputs:
         call.block = NULL
         call.acquired = 0
         _rules.check_batch_fits(batch, row_bytes, "batch_size")
+        if out is None:   # new arrays: they must fit in what this process may use
+            _rules.check_memory(<double>batch * (row_bytes + 28), "batch_size", batch,
+                                "sample output")
         call.block = <char*>malloc(self.count * sizeof(Py_buffer)
                                    + (self.count + extra) * sizeof(uint8_t*)
                                    + batch * sizeof(double))

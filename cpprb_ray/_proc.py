@@ -128,3 +128,86 @@ def boot_id() -> Optional[str]:
 def thread_exists(tid: int) -> bool:
     """Whether thread `tid` exists in this pid namespace (/proc lists every thread's tid)."""
     return os.path.exists(f"/proc/{tid}")
+
+
+# cgroup v1 reports "no limit" as the largest multiple of the page size below 2**63.
+_NO_CGROUP_LIMIT = 1 << 62
+
+
+def _cgroup_limit(path: str, root: str) -> Optional[int]:
+    """The least memory limit of the cgroup at `path` (a line's path of /proc/self/cgroup) and
+    of those above it, under the hierarchy mounted at `root`; None when none is set."""
+    least: Optional[int] = None
+    relative = path.strip("/")
+    while True:
+        directory = os.path.join(root, relative) if relative else root
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            try:
+                with open(os.path.join(directory, name)) as handle:
+                    text = handle.read().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < _NO_CGROUP_LIMIT:
+                least = int(text) if least is None else min(least, int(text))
+        if not relative:
+            return least
+        relative = os.path.dirname(relative)
+
+
+def memory_limit(proc_cgroup: str = "/proc/self/cgroup",
+                 cgroup_root: str = "/sys/fs/cgroup") -> Optional[int]:
+    """The most memory this process may use, in bytes, or None where nothing says: the least of
+    the machine's memory, the memory limits of the cgroups it runs in (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``; its own and those above it: a container's limit) and its
+    RLIMIT_AS and RLIMIT_DATA. What the outputs of one call may not exceed: past it the kernel's
+    OOM killer ends the process (the machine's or the container's), or the allocation fails.
+
+    Examples
+    --------
+    >>> limit = memory_limit()
+    >>> limit is None or limit > 0
+    True
+    """
+    limits: List[int] = []
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        with open(proc_cgroup) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        if fields[1] == "":        # v2: "0::/path", at the root or (hybrid) under unified/
+            root = cgroup_root
+            if not os.path.exists(os.path.join(root, "cgroup.controllers")):
+                root = os.path.join(cgroup_root, "unified")
+        elif "memory" in fields[1].split(","):     # v1: "N:memory:/path"
+            root = os.path.join(cgroup_root, "memory")
+        else:
+            continue
+        found = _cgroup_limit(fields[2], root)
+        if found is not None:
+            limits.append(found)
+    limits += _rlimits()
+    return min(limits) if limits else None
+
+
+def _rlimits() -> List[int]:
+    """The soft RLIMIT_AS and RLIMIT_DATA that are set."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return []
+    found = []
+    for which in ("RLIMIT_AS", "RLIMIT_DATA"):
+        kind = getattr(resource, which, None)
+        if kind is not None:
+            soft = resource.getrlimit(kind)[0]
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                found.append(soft)
+    return found

@@ -14,6 +14,7 @@ cdef struct PriorityRule:
     int64_t capacity
 
 cpdef double as_timeout(object value, str name=*) except? -2.0
+cpdef int check_memory(double nbytes, str name, object value, str what) except -1
 cdef int priority_rule(PriorityRule* rule, double alpha, double eps, int64_t capacity) except -1
 cdef int64_t first_bad_priority(const PriorityRule* rule, const double* priorities,
                                 double* weights, int64_t count, bint* overflow) noexcept nogil

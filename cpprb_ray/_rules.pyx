@@ -75,6 +75,38 @@ def shown(value, Py_ssize_t limit=24):
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+# Outputs up to this size are not checked against the memory limit: reading it (a few files of
+# /proc and /sys, tens of microseconds) costs nothing only beside an allocation this large.
+cdef double UNCHECKED_BYTES = 64.0 * 2**20
+
+
+cpdef int check_memory(double nbytes, str name, object value, str what) except -1:
+    """ValueError naming `name` (given as `value`) when `nbytes` of `what` cannot fit in the
+    memory this process may use (:func:`cpprb_ray._proc.memory_limit`: the machine's, its
+    cgroup's, its rlimits), before anything is allocated: past it the OOM killer ends the
+    process (a sample of 2**31 rows did), or numpy's MemoryError names nothing.
+
+    Examples
+    --------
+    >>> from cpprb_ray._rules import check_memory
+    >>> check_memory(2.0**20, "batch_size", 4096, "sample output")
+    0
+    >>> check_memory(2.0**80, "batch_size", 2**60, "sample output")
+    Traceback (most recent call last):
+    ...
+    ValueError: batch_size 1152921504606846976 needs 1.21e+24 bytes of sample output, more than ...
+    """
+    if nbytes <= UNCHECKED_BYTES:
+        return 0
+    from cpprb_ray._proc import memory_limit
+    limit = memory_limit()
+    if limit is None or nbytes <= limit:
+        return 0
+    raise ValueError(f"{name} {shown(value)} needs {nbytes:.3g} bytes of {what}, more than the "
+                     f"{limit:.3g} bytes this process may use (the least of the machine's "
+                     f"memory, its cgroup's limit and its rlimits)")
+
+
 def as_count(value, str name):
     """`value` as a Python int, or TypeError naming `name` (bools are not counts).
 
@@ -591,7 +623,9 @@ def column_array(value, column, str name):
     float32, int64 into int8, as numpy's astype does). A Python int, or a list of them, is
     taken by its value, numpy's rule for Python scalars: into any integer column it fits
     (1 into uint8), and a ValueError naming the column where it does not, never a silent
-    wrap (300 into int8 had stored 44, 2**63 into int64 -2**63). TypeError otherwise.
+    wrap (300 into int8 had stored 44, 2**63 into int64 -2**63). Floats into an integer or
+    bool column go in when they are whole numbers it holds, as cpprb takes them
+    (:func:`cast_whole_floats`; a fraction, NaN or inf is a ValueError). TypeError otherwise.
 
     Examples
     --------
@@ -603,10 +637,16 @@ def column_array(value, column, str name):
     Traceback (most recent call last):
     ...
     ValueError: column 's' has dtype int8; got 300, outside its range [-128, 127]
+    >>> column_array(np.array([1.0, 2.0]), np.dtype(np.int64), "a")
+    array([1, 2])
     >>> column_array(np.array([1.5]), np.dtype(np.int64), "a")
     Traceback (most recent call last):
     ...
-    TypeError: column 'a' has dtype int64; cannot cast float64 to it (same_kind casting)
+    ValueError: column 'a' has dtype int64; got 1.5 at index (0,), not a whole number ...
+    >>> column_array(np.array([1j]), np.dtype(np.float32), "a")
+    Traceback (most recent call last):
+    ...
+    TypeError: column 'a' has dtype float32; cannot cast complex128 to it (same_kind casting)
     """
     python = not isinstance(value, (_ndarray, np.generic))
     array = value if type(value) is _ndarray else _as_array(value, f"column {name!r}")
@@ -636,9 +676,49 @@ def column_array(value, column, str name):
             except OverflowError:
                 raise ValueError(f"column {name!r} has dtype {column}; got "
                                  f"{_farthest(array)}, past any float") from None
+    if array.dtype.kind == "f" and column.kind in "iub":
+        return cast_whole_floats(array, column, name)
     if not can_cast(array.dtype, column):
         raise cast_error(name, column, array.dtype)
     return array.astype(column)
+
+
+def cast_whole_floats(array, column, str name):
+    """Floats into an integer or bool column, as cpprb takes them (np.zeros(8) into an int64
+    column, 1.0 into a bool one): each must be a whole number within the column's range (0 or
+    1 for bool); the first that is not (a fraction, NaN, inf, out of range) is a ValueError
+    naming the column and its position, where cpprb's astype would truncate it silently.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from cpprb_ray._rules import cast_whole_floats
+    >>> cast_whole_floats(np.array([0.0, 3.0]), np.dtype(np.int64), "act")
+    array([0, 3])
+    >>> cast_whole_floats(np.array([[1.0, 2.5]]), np.dtype(np.int64), "act")
+    Traceback (most recent call last):
+    ...
+    ValueError: column 'act' has dtype int64; got 2.5 at index (0, 1), not a whole number ...
+    """
+    values = np.asarray(array, dtype=_FLOAT64)
+    if column.kind == "b":
+        ok = (values == 0.0) | (values == 1.0)
+        bound = "0 or 1"
+    else:
+        info = np.iinfo(column)
+        # Both bounds are powers of two, exact as floats: (2**63 - 1) as a float is 2**63.
+        with np.errstate(invalid="ignore"):
+            ok = ((values == np.floor(values)) & (values >= float(info.min))
+                  & (values < float(info.max + 1)))
+        bound = f"a whole number within [{info.min}, {info.max}]"
+    if not ok.all():
+        flat = int(np.argmin(ok.reshape(-1)))
+        value = float(values.reshape(-1)[flat])
+        where = (f" at index {tuple(int(i) for i in np.unravel_index(flat, values.shape))}"
+                 if values.ndim else "")
+        raise ValueError(f"column {name!r} has dtype {column}; got {shown(repr(value))}{where}, "
+                         f"not {bound} (cpprb would store it truncated)")
+    return values.astype(column)
 
 
 def rows_of(tuple shape, tuple column_shape):

@@ -53,6 +53,7 @@ cdef void tree_refresh_range(TreeView* view, int64_t start, int64_t count) noexc
 cdef void tree_rebuild(TreeView* view) noexcept nogil
 cdef double tree_total(const TreeView* view) noexcept nogil
 cdef double tree_min(const TreeView* view) noexcept nogil
+cdef bint tree_consistent(const TreeView* view) noexcept nogil
 cdef int64_t tree_search(const TreeView* view, double* masses, int64_t* out,
                          int64_t count) noexcept nogil
 cdef int64_t tree_sample(const TreeView* view, Xoshiro256* rng, double* scratch, int64_t* out,

@@ -290,6 +290,41 @@ cdef inline void prefix_sums(const double* c, double* p) noexcept nogil:
     p[8] = s0123 + (s45 + s67)
 
 
+cdef bint tree_consistent(const TreeView* view) noexcept nogil:
+    """Whether the root is what a writer leaves: its sum finite, >= 0 and the sum of its
+    children (bit for bit, as recompute_node makes it), and its min the min of its children,
+    theirs of theirs, down one path to a leaf that has it (a NaN, an infinity or a value that
+    no leaf has, written into a min node, is caught). depth + 1 cache lines of the min tree,
+    mostly cached: cheap beside any sample or update."""
+    cdef double total = view.sums[view.offsets[view.depth]]
+    cdef double low = tree_min(view)
+    cdef double prefix[FANOUT + 1]
+    cdef double value
+    cdef int64_t node = 0, first, chosen
+    cdef int level, c
+    if not (total >= 0.0 and total < INFINITY):
+        return False
+    if view.depth == 0:
+        return True
+    prefix_sums(view.sums + view.offsets[view.depth - 1], prefix)
+    if prefix[FANOUT] != total:
+        return False
+    for level in range(view.depth, 0, -1):
+        first = node << FANOUT_BITS
+        chosen = -1
+        for c in range(FANOUT):
+            value = (min_key(view.sums[first + c]) if level == 1
+                     else view.mins[view.offsets[level - 1] + first + c])
+            if not value >= low:      # NaN, or below the min of the node above it
+                return False
+            if value == low and chosen < 0:
+                chosen = first + c
+        if chosen < 0:
+            return False
+        node = chosen
+    return True
+
+
 cdef int64_t tree_search(const TreeView* view, double* masses, int64_t* out,
                          int64_t count) noexcept nogil:
     """Prefix-sum search for a batch; `masses` is used as scratch and overwritten.
@@ -299,8 +334,12 @@ cdef int64_t tree_search(const TreeView* view, double* masses, int64_t* out,
     the last positive child, so a mass >= total lands on the last positive leaf. The whole
     batch descends one level at a time so the independent loads overlap.
 
-    Returns how many walks met a corrupt tree (a padding node that is not 0 led past its level's
-    live nodes); those stay on the level's last live node, so they never read outside the tree.
+    Returns how many walks met a corrupt tree: a padding node that is not 0 led past its level's
+    live nodes (those stay on the level's last live node, so they never read outside the tree),
+    or a node on the walk is not the sum of its children. A node is recomputed from its
+    children by the very expression of the last prefix sum below, so in any tree a writer left
+    the two are equal bit for bit; a NaN, an infinity or a negative value written into a node
+    (a stray write, a hostile process) is caught on every walk that passes it.
     """
     cdef int64_t corrupt = 0
     cdef int64_t k, chosen, node
@@ -309,16 +348,21 @@ cdef int64_t tree_search(const TreeView* view, double* masses, int64_t* out,
     cdef double prefix[FANOUT + 1]
     cdef const double* children
     cdef const double* below
+    cdef const double* here
     for k in range(count):
         out[k] = 0
     for level in range(view.depth, 0, -1):
         below = view.sums + view.offsets[level - 1]
+        here = view.sums + view.offsets[level]
         for k in range(count):
             children = below + (out[k] << FANOUT_BITS)
             mass = masses[k]
             # Branch-free: the chosen child is the number of prefix sums <= mass. A zero child
             # has the same prefix as its left neighbour, so it can never be the one chosen.
             prefix_sums(children, prefix)
+            # The walk's node (read on the level above: in the cache) must be their sum.
+            if prefix[FANOUT] != here[out[k]]:
+                corrupt += 1       # (NaN != NaN: a NaN anywhere among them is caught too)
             chosen = 0
             for c in range(1, FANOUT + 1):
                 chosen += prefix[c] <= mass

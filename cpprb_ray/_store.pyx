@@ -28,6 +28,7 @@ from cpython.exc cimport PyErr_CheckSignals
 from libc.math cimport isnan
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from cpprb_ray._columns cimport AddFrame, ColumnTable
 from cpprb_ray._core cimport (StoreView, store_add, store_admits, store_clear, store_draw,
@@ -496,15 +497,35 @@ cdef class ReplayStore:
     def counters(self):
         """The header's counters and sizes and the rate limiter's state, as a dict.
 
-        No lock: each field is one aligned 8-byte load, exact on its own; two fields may be
-        from moments a call apart. "rate_limiter" is None without a limiter. "lock_holder" is
-        the thread id in the lock word (0 when free)."""
+        One snapshot, copied under the lock (the rate limiter's inserts, samples and diff of
+        one moment: read one by one, a diff outside the limiter's window was seen). Should the
+        lock not come within one slice (50 ms: a stopped or slow holder), each field is read
+        without it, one aligned 8-byte load each, exact on its own, two of them possibly a call
+        apart; "snapshot" says which. "rate_limiter" is None without a limiter. "lock_holder"
+        is the thread id in the lock word (0 when free)."""
+        cdef Header copy
+        cdef Limiter limiter_copy
         cdef Header* h = self.header()
+        cdef Limiter* limiter = self.view.limiter
+        cdef int status = ST_LOCK_TIMEOUT
+        cdef uint64_t holder = mutex_holder(self.view.mutex)
+        self.enter()
+        try:
+            with nogil:
+                status = store_lock(&self.view, LOCK_SLICE_S)
+                if status == ST_OK:
+                    memcpy(&copy, self.view.header, sizeof(Header))
+                    limiter_copy = self.view.limiter[0]
+                    store_unlock(&self.view)
+        finally:
+            self.leave()
+        if status == ST_OK:
+            h, limiter = &copy, &limiter_copy
         return {"inserts": h.rows_added, "samples": h.rows_sampled, "updates": h.updates,
                 "repairs": h.repairs, "lock_waits": h.lock_waits, "stored": h.stored_size,
                 "capacity": h.capacity, "next_index": h.next_index,
-                "max_priority": h.max_priority, "lock_holder": mutex_holder(self.view.mutex),
-                "rate_limiter": limiter_state(h, self.view.limiter)}
+                "max_priority": h.max_priority, "lock_holder": holder,
+                "snapshot": status == ST_OK, "rate_limiter": limiter_state(h, limiter)}
 
     def limiter_record(self):
         """(kind name, samples_per_insert, min_size_to_sample, min_diff, max_diff) of the

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cpprb_ray import _compat, _layout, _memory, _rules, _segment, nstep, rate_limiters
+from cpprb_ray import _compat, _layout, _memory, _proc, _rules, _segment, nstep, rate_limiters
 from cpprb_ray._atomic import remove_stale_temporaries, write_atomically
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "remove_stale_temporaries", "save",
@@ -40,6 +40,10 @@ FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIIQQII20sI")   # see the module docstring; 64 bytes
 _ALIGN = 64
 _CRC_CHUNK = 1 << 30                       # zlib.crc32 takes at most 4 GiB at once on some builds
+_READ_CHUNK = 16 << 20                     # a load reads and checksums the payload in these
+# No description is this long (an env_dict of thousands of columns makes a few MiB): a prefix
+# that says more is refused before the description is read.
+_DESCRIPTION_LIMIT = 64 << 20
 _SECTIONS = ("rows", "tail_generations", "leaves")
 
 
@@ -215,12 +219,16 @@ def write_file(file: Any, description: Mapping[str, Any],
     write_atomically(path_of(file), [prefix, text] + chunks)
 
 
-def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
+def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None,
+              ) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
     """(description, {section name: bytes}) of a checkpoint, after every check of the format.
 
     ValueError naming `file` when it is truncated, longer than it says, not a checkpoint, of
-    another format version, or when a checksum (prefix, description, payload) does not match;
-    OSError when it cannot be read at all.
+    another format version, when a checksum (prefix, description, payload) does not match, or
+    when its payload could not fit in the memory this process may use; OSError when it cannot
+    be read at all. The description is read and checked first (`check(description)` too, which
+    may refuse it), and only then is the payload allocated, at the size the description's
+    sections account for; it is read and checksummed in chunks of 16 MiB.
 
     Examples
     --------
@@ -267,28 +275,73 @@ def read_file(file: Any) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
         if size > expected:
             raise refused(file, f"{size - expected} bytes past the end the prefix gives "
                                 f"({expected})")
+        if text_length > _DESCRIPTION_LIMIT:
+            raise refused(file, f"its description would be {text_length} bytes; no checkpoint's "
+                                f"is longer than {_DESCRIPTION_LIMIT}")
         text = _read_exactly(handle, text_length)
+        if len(text) != text_length:
+            raise refused(file, "truncated while it was read")
+        if zlib.crc32(text) != text_crc:
+            raise refused(file, "the description's checksum does not match (corrupt "
+                                "description)")
+        description, spans = _parse_description(file, text, payload_length)
+        if check is not None:
+            check(description)
+        try:
+            _rules.check_memory(float(payload_length), "file", os.fspath(file),
+                                "memory for its payload")
+        except ValueError as error:
+            raise refused(file, str(error)) from None
         payload = np.empty(payload_length, dtype=np.uint8)
-        got = _read_into(handle, payload.data)
-    if len(text) != text_length or got != payload_length:
+        got, crc = _read_checksummed(handle, payload.data)
+    if got != payload_length:
         raise refused(file, "truncated while it was read")
-    if zlib.crc32(text) != text_crc:
-        raise refused(file, "the description's checksum does not match (corrupt description)")
-    if _crc32(payload) != payload_crc:
+    if crc != payload_crc:
         raise refused(file, "the payload's checksum does not match (corrupt payload)")
+    return description, {name: payload.data[offset:offset + length]
+                         for name, (offset, length) in spans.items()}
+
+
+def _parse_description(file: Any, text: bytes, payload_length: int,
+                       ) -> Tuple[Dict[str, Any], Dict[str, Tuple[int, int]]]:
+    """The description as JSON and its sections' (offset, length), which must lie one after
+    the other at 64-byte aligned offsets and end where the payload ends, as write_file lays
+    them: a payload that holds anything else is refused before it is read."""
     try:
         description = json.loads(text.decode())
-        sections = {}
+        spans = {}
         for name, (offset, length) in description["sections"].items():
             offset, length = _integer(offset, "offset"), _integer(length, "length")
             if offset < 0 or length < 0 or offset + length > payload_length:
                 raise ValueError(f"section {name!r} lies outside the payload")
-            sections[str(name)] = payload.data[offset:offset + length]
+            spans[str(name)] = (offset, length)
     except _DESCRIPTION_ERRORS as error:
         raise refused(file, f"unreadable description ({error})") from None
     if not isinstance(description, dict):
         raise refused(file, "the description is not a JSON object")
-    return description, sections
+    end = 0
+    for name, (offset, length) in sorted(spans.items(), key=lambda item: item[1]):
+        if offset != _align(end):
+            raise refused(file, f"its section {name!r} starts at {offset}, not at "
+                                f"{_align(end)} where the one before it ends")
+        end = offset + length
+    if end != payload_length:
+        raise refused(file, f"its payload is {payload_length} bytes, its sections {end}")
+    return description, spans
+
+
+def _read_checksummed(handle: Any, view: memoryview) -> Tuple[int, int]:
+    """Fill `view` from `handle` in chunks, each checksummed as it is read: (bytes read, crc32
+    of them). A chunk is still in the cache when its checksum reads it."""
+    filled = crc = 0
+    while filled < len(view):
+        chunk = view[filled:filled + _READ_CHUNK]
+        got = _read_into(handle, chunk)
+        crc = zlib.crc32(chunk[:got], crc)
+        filled += got
+        if got < len(chunk):
+            break
+    return filled, crc
 
 
 def _read_exactly(handle: Any, length: int) -> bytes:
@@ -363,17 +416,61 @@ def save(buffer: Any, file: Any) -> None:
 
 
 class _Checkpoint:
-    """A read checkpoint, checked against this version's rules before anything is made."""
+    """A read checkpoint, checked against this version's rules before anything is made: its
+    description (and whether `cls` can load it into a segment there is room for, given
+    `backend` and `path`) before its payload is read, its payload's values after."""
 
-    def __init__(self, file: Any) -> None:
+    def __init__(self, file: Any, cls: Any = None, backend: str = "auto",
+                 path: Any = None) -> None:
         self.file = file
-        description, sections = read_file(file)
+        self.cls, self.backend, self.path = cls, backend, path
+        description, sections = read_file(file, self._check_description)
         try:
-            self._parse(description, sections)
+            self._parse_payload(sections)
         except _DESCRIPTION_ERRORS as error:
             raise refused(file, f"its contents are inconsistent ({error})") from None
 
-    def _parse(self, description: Dict[str, Any], sections: Dict[str, memoryview]) -> None:
+    def _check_description(self, description: Dict[str, Any]) -> None:
+        try:
+            self._parse(description)
+        except _DESCRIPTION_ERRORS as error:
+            raise refused(self.file, f"its contents are inconsistent ({error})") from None
+        if self.cls is not None:
+            self._check_target()
+
+    def _check_target(self) -> None:
+        """What load() needs before it reads the payload: a class for this kind, this
+        version's layout, and room for the segment where it will be made."""
+        file = self.file
+        self.target = self.cls._target_class(self.prioritized)
+        if self.target is None:
+            kind = "prioritized" if self.prioritized else "uniform"
+            right = "PrioritizedReplayBuffer" if self.prioritized else "ReplayBuffer"
+            raise refused(file, f"it holds a {kind} buffer; load it with {right}.load()")
+        if not self.layout_fits:
+            raise refused(file, "its row layout differs from the one this cpprb_ray makes for "
+                                "its env_dict (written by another version)")
+        backend = _memory.resolve_backend(self.backend)
+        directory = (os.path.dirname(os.path.abspath(_memory.check_path(self.path)))
+                     if self.path is not None else _memory.default_mmap_dir())
+        needed = self.segment_size
+        try:
+            stats = os.statvfs(directory)
+            free: Optional[int] = stats.f_bavail * stats.f_frsize
+        except OSError:
+            free = None       # the constructor says what is wrong with the place
+        if free is not None and needed > free:
+            raise refused(file, f"its capacity {self.capacity} needs a segment of {needed} "
+                                f"bytes, more than the {free} bytes free at {directory} "
+                                f"(backend {backend!r})")
+        if self.path is None or _proc.is_memory_filesystem(directory):
+            try:
+                _rules.check_memory(float(needed), "capacity", self.capacity,
+                                    "shared memory for its segment")
+            except ValueError as error:
+                raise refused(file, str(error)) from None
+
+    def _parse(self, description: Dict[str, Any]) -> None:
         kind = description["kind"]
         if kind not in ("prioritized", "uniform"):
             raise ValueError(f"unknown kind {kind!r}")
@@ -400,6 +497,7 @@ class _Checkpoint:
         planned = _layout.plan(self.capacity, columns, self.prioritized, "shm",
                                extra_meta=nstep.meta_of(config))
         self.layout_fits = self.matches(planned)
+        self.segment_size = planned.total_size
         state = description["state"]
         self.stored_size = _integer(state["stored_size"], "stored_size")
         self.next_index = _integer(state["next_index"], "next_index")
@@ -409,6 +507,9 @@ class _Checkpoint:
             raise ValueError(f"rows added {self.rows_added}, not a uint64")
         if not 0 <= self.stored_size <= self.capacity:
             raise ValueError(f"stored size {self.stored_size} of {self.capacity} slots")
+        if self.rows_added < self.stored_size:   # every stored row was added
+            raise ValueError(f"rows added {self.rows_added} with {self.stored_size} rows "
+                             f"stored")
         if not 0 <= self.next_index < self.capacity or (
                 self.stored_size < self.capacity and self.next_index != self.stored_size):
             raise ValueError(f"next index {self.next_index} with {self.stored_size} of "
@@ -418,20 +519,29 @@ class _Checkpoint:
         if self.prioritized:   # the next add's default priority: its weight must fit the tree
             _rules.check_priorities(np.array([self.max_priority]), self.alpha, self.eps,
                                     self.capacity, "max_priority")
-        missing = [name for name in _SECTIONS if name not in sections]
+        lengths = {name: length for name, (_, length) in description["sections"].items()}
+        missing = [name for name in _SECTIONS if name not in lengths]
         if missing:
             raise ValueError(f"sections {missing} missing")
-        self.rows = sections["rows"]
-        if self.row_stride < 8 or len(self.rows) != self.stored_size * self.row_stride:
-            raise ValueError(f"{len(self.rows)} bytes of rows for {self.stored_size} rows of "
+        if self.row_stride < 8 or lengths["rows"] != self.stored_size * self.row_stride:
+            raise ValueError(f"{lengths['rows']} bytes of rows for {self.stored_size} rows of "
                              f"{self.row_stride} bytes")
+        if lengths["tail_generations"] > 8 * (self.capacity - self.stored_size):
+            raise ValueError(f"{lengths['tail_generations']} bytes of generations past "
+                             f"{self.stored_size} of {self.capacity} slots")
+        expected = 8 * self.stored_size if self.prioritized else 0
+        if lengths["leaves"] != expected:
+            raise ValueError(f"{lengths['leaves']} bytes of leaves for {expected // 8} rows")
+        self._parse_limiter(description.get("rate_limiter"))
+
+    def _parse_payload(self, sections: Dict[str, memoryview]) -> None:
+        self.rows = sections["rows"]
         self.tail = _array(sections["tail_generations"], np.uint64, "tail_generations")
         if len(self.tail) > self.capacity - self.stored_size:
             raise ValueError(f"{len(self.tail)} generations past {self.stored_size} of "
                              f"{self.capacity} slots")
         self.leaves = _array(sections["leaves"], np.float64, "leaves")
         self._check_leaves()
-        self._parse_limiter(description.get("rate_limiter"))
 
     def _parse_limiter(self, saved: Any) -> None:
         """The rate limiter (rebuilt through its class, so its rules apply) and its counts;
@@ -454,6 +564,11 @@ class _Checkpoint:
         samples = _integer(saved["samples"], "rate_limiter samples")
         if not (0 <= inserts < 2**63 and 0 <= samples < 2**63):
             raise ValueError(f"rate limiter counts {inserts}, {samples}")
+        # Its inserts count since the last clear: at least the rows stored (a clear empties
+        # the buffer), at most the rows ever added.
+        if not self.stored_size <= inserts <= self.rows_added:
+            raise ValueError(f"rate limiter inserts {inserts} with {self.stored_size} rows "
+                             f"stored and {self.rows_added} ever added")
         self.limiter_counts = (inserts, samples)
 
     def _check_leaves(self) -> None:
@@ -522,16 +637,8 @@ def load(cls: Type[Any], file: Any, *, backend: str = "auto", name: Optional[str
     ...         print(copy.get_stored_size(), copy.get_max_priority())
     2 4.0
     """
-    saved = _Checkpoint(file)
-    target = cls._target_class(saved.prioritized)
-    if target is None:
-        raise refused(file, f"it holds a {'prioritized' if saved.prioritized else 'uniform'} "
-                            f"buffer; load it with "
-                            f"{'PrioritizedReplayBuffer' if saved.prioritized else 'ReplayBuffer'}"
-                            f".load()")
-    if not saved.layout_fits:
-        raise refused(file, "its row layout differs from the one this cpprb_ray makes for "
-                            "its env_dict (written by another version)")
+    saved = _Checkpoint(file, cls, backend, path)
+    target = saved.target
     options: Dict[str, Any] = {"alpha": saved.alpha, "eps": saved.eps} if saved.prioritized else {}
     buffer = target(saved.capacity, saved.env_dict, backend=backend, name=name, path=path,
                     seed=seed, lock_timeout=lock_timeout, Nstep=saved.nstep,

@@ -68,6 +68,7 @@ _FLOAT64 = np.dtype(np.float64)
 # Bumped in every forked child: a staging made before the fork sees it changed and forgets the
 # steps it inherited (cheaper than comparing os.getpid(), a system call, on every add).
 _FORKS = [0]
+_FLOAT_MAX = 1.7976931348623157e308   # a size past it is past any memory: shown as this
 _LARGE = 4096   # staging capacity (steps) above which a commit shrinks it back to the base
 _SLOT = " slot"           # (laned) staging arrays: each staged step's row, as written; the
 _GENERATION = " generation"   # space keeps them apart from any env_dict key
@@ -77,14 +78,6 @@ _GENERATION = " generation"   # space keeps them apart from any env_dict key
 # held one at the fork (an add the rate limiter held back) does not exist in the child, and its
 # lock would stay held for good.
 _STAGINGS: weakref.WeakSet[NstepStaging] = weakref.WeakSet()
-
-
-def _physical_memory() -> Optional[int]:
-    """This machine's memory in bytes, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _count_fork() -> None:
@@ -195,13 +188,8 @@ class NstepConfig:
         # Each handle stages up to 4 windows of steps in its own memory (NstepStaging): a size
         # that could never fit is refused here, naming it, not by numpy's allocation error.
         staging_bytes = 4 * config.size * (sum(c.row_bytes for c in columns) + 8)
-        memory = _physical_memory()
-        if memory is not None and staging_bytes > memory:
-            needed = (f"{staging_bytes:.3g}" if staging_bytes < 1e300
-                      else _rules.shown(staging_bytes))
-            raise ValueError(f"Nstep['size'] {_rules.shown(size)} needs {needed} bytes of "
-                             f"staging in each handle's process, more than this machine's "
-                             f"{memory:.3g} bytes of memory")
+        _rules.check_memory(float(min(staging_bytes, _FLOAT_MAX)), "Nstep['size']", size,
+                            "staging in each handle's process")
         return config
 
     def check(self, columns: Sequence[Any]) -> None:

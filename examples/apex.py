@@ -365,13 +365,16 @@ def error_buffer(args: argparse.Namespace) -> float:
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
+    # Our own single node stays on loopback: without this (before ray is imported), Ray binds
+    # a local instance to the machine's outward address, even given 127.0.0.1.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     cpus = os.cpu_count() or 1
     # address="local": always a fresh instance of our own, never a cluster someone else started.
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+             configure_logging=False, _node_ip_address="127.0.0.1")
     # Ray workers cannot import dqn_numpy by name: ship its code with the actor class.
     ray.cloudpickle.register_pickle_by_value(dqn_numpy)
     rb = None
@@ -478,6 +481,8 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                        "min_size": args.min_size, "error_buffer": error_buffer(args)},
     }
     result["buffer_stats"] = rb.stats()
+    # Where Ray's node listens: 127.0.0.1 (docs/apex.md).
+    result["ray_nodes"] = sorted({node["NodeManagerAddress"] for node in ray.nodes()})
     return result
 
 

@@ -764,6 +764,8 @@ def main() -> int:
     results: Dict[str, Any] = {}
     try:
         wait_for_nodes(ray, 2)
+        results["node_addresses"] = sorted(node["NodeManagerAddress"] for node in ray.nodes()
+                                           if node["Alive"])
         here = ray.get_runtime_context().get_node_id()
         user = RemoteUser.remote()
         node = ray.get(user.node.remote(), timeout=TIMEOUT)

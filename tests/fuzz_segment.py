@@ -13,7 +13,9 @@ Cases run in child processes, many per child. Before each operation the child wr
 and the operation to a progress file, so the runner knows where a crash (the child dies of a
 signal) or a hang (no progress for lock_timeout + margin) happened; it then restarts a child at
 the next case. A Python exception of an expected kind (ValueError, TimeoutError, OSError,
-IndexError, MemoryError) is a pass; any other exception, a crash or a hang is a failure.
+IndexError, MemoryError) is a pass; any other exception, a crash or a hang is a failure, and
+so is a sample that returns weights outside (0, 1] (NaN, inf, 0) instead of the corrupt-segment
+error.
 
 Cases are deterministic: case N of seed S is always the same mutation of the same buffer (byte
 positions in the layout JSON are fractions of its length, which varies by a few bytes with the
@@ -52,6 +54,11 @@ from cpprb_ray import _memory, _segment
 LOCK_TIMEOUT_S = 0.3
 ATTACH_CHECK_S = 0.5       # how long attach watches a lock word naming a thread that is gone
 EXPECTED = (ValueError, TimeoutError, OSError, IndexError, MemoryError, cpprb_ray.LaneError)
+
+
+class BadWeights(Exception):
+    """A sample gave weights that no tree a writer left gives (NaN, inf, <= 0 or > 1): a
+    corrupt node must be the corrupt-segment error instead. Not in EXPECTED: a finding."""
 FUTEX_WAITERS = 0x80000000
 FUTEX_OWNER_DIED = 0x40000000
 OP_CODES = {"none": 0, "add": 1, "update": 2, "clear": 3}
@@ -504,6 +511,10 @@ def handle_ops(handle: Any, case: Case, rng: np.random.Generator) -> List[Tuple[
     def sample() -> Any:
         batch = handle.sample(5, case.beta) if prioritized else handle.sample(5)
         state["batch"] = batch
+        weights = batch.get("weights")
+        if weights is not None and not (np.isfinite(weights).all() and (weights > 0).all()
+                                        and (weights <= 1).all()):
+            raise BadWeights(f"weights {weights.tolist()} of slots {batch['indexes'].tolist()}")
         return batch
 
     def update() -> Any:

@@ -80,6 +80,7 @@ def test_example_runs_and_reports_one_json_line(tmp_path):
     assert limiter["samples"] == result["learner_steps"] * 32
     assert limiter["min_diff"] <= limiter["diff"] <= limiter["max_diff"]
     assert result["nstep"] == 3 and result["gamma"] == 0.99
+    assert result["ray_nodes"] == ["127.0.0.1"]    # its own single node stays on loopback
     assert "N-step" in completed.stderr and "rate limiter" in completed.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import random
@@ -23,6 +24,7 @@ import re
 import signal
 import stat
 import struct
+import subprocess
 import sys
 import time
 import zlib
@@ -223,18 +225,21 @@ def test_nstep_config_is_saved_and_staging_is_not(tmp_path):
             assert copy.get_stored_size() == stored + 1
 
 
-def test_save_while_other_processes_add_and_update(backend, tmp_path):
+@pytest.mark.parametrize("capacity", [4096, 1 << 18])
+def test_save_while_other_processes_add_and_update(backend, tmp_path, capacity):
     """A writer adds rows of consecutive serials and an updater changes priorities while the
     parent saves: every checkpoint holds exactly the last `stored` serials in their ring slots,
-    its counters agree, its tree is exact, and no torn row is ever sampled from it."""
-    capacity = 4096
+    its counters agree, its tree is exact, and no torn row is ever sampled from it. At 2**18
+    rows the save copies them in chunks, each under its own hold of the lock, while the
+    writer adds between them; the slots it wrote meanwhile are copied again in the last."""
     ctx = context()
+    start = 64 if capacity == 4096 else capacity      # the big one full: every chunk copies
     with cpprb_ray.PrioritizedReplayBuffer(capacity, ENV, backend=backend) as rb:
-        rb.add(**rows(0, 64))
-        progress = ctx.Value("q", 64)
+        rb.add(**rows(0, start))
+        progress = ctx.Value("q", start)
         writer_ready, updater_ready = ctx.Event(), ctx.Event()
         writer = ctx.Process(target=_workers.kill_writer,
-                             args=(rb, 64, 97, progress, writer_ready))
+                             args=(rb, start, 97, progress, writer_ready))
         updater = ctx.Process(target=_workers.kill_updater, args=(rb, updater_ready))
         writer.start()
         updater.start()
@@ -245,6 +250,11 @@ def test_save_while_other_processes_add_and_update(backend, tmp_path):
                 time.sleep(0.02)
                 files.append(tmp_path / f"rb{k}.ckpt")
                 rb.save(files[-1])
+            holds = rb._store.dump()[0]["lock_holds"]
+            stride = rb._layout.row_stride
+            # A start, a hold per 4 MiB of rows (one whole copy only if writers outpaced it
+            # three times), and the last.
+            assert holds >= 2 + capacity * stride // (4 << 20) or holds == 7, holds
         finally:
             for child in (writer, updater):
                 child.kill()
@@ -254,7 +264,7 @@ def test_save_while_other_processes_add_and_update(backend, tmp_path):
             with cpprb_ray.PrioritizedReplayBuffer.load(file, backend=backend) as copy:
                 stored, added = copy.get_stored_size(), copy._store.rows_added
                 states.add(added)
-                assert added >= 64 and (added - 64) % 97 == 0     # whole adds only
+                assert added >= start and (added - start) % 97 == 0     # whole adds only
                 assert stored == min(added, capacity)
                 assert copy.get_next_index() == added % capacity
                 everything = copy.get_all_transitions()
@@ -703,6 +713,8 @@ def test_crafted_json_is_refused(tmp_path, text, match):
     (_set(["capacity"], 1 << 62),
      r"size 4611686018427387904 makes a segment of more than 2\*\*63 - 1 bytes"),
     (_set(["alpha"], True), "alpha must be a number"),
+    # Fewer rows ever added than stored: no writer leaves that (it loaded before).
+    (_set(["state", "rows_added"], 5), "rows added 5 with 10 rows stored"),
 ])
 def test_crafted_state_is_refused(saved, change, match):
     """rows_added out of uint64 raised OverflowError; a max priority whose weight overflows the
@@ -768,3 +780,96 @@ def test_a_corrupt_transitions_file_is_refused(tmp_path):
             with pytest.raises(TypeError, match=r"^file must be a path .* or a binary file "
                                                 r"object; got int$"):
                 method(3)
+
+
+LOAD_LIMITED = """
+import resource, sys
+import cpprb_ray
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+try:
+    cpprb_ray.ReplayBuffer.load(sys.argv[1])
+except ValueError as error:
+    print("ValueError:", error)
+except BaseException as error:
+    print(f"{type(error).__name__}: {error}")
+"""
+
+
+def _load_with_1_gib(file) -> str:
+    """ReplayBuffer.load(file) in a child process that may map 1 GiB: what it
+    raised, as "Type: message"."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-c", LOAD_LIMITED, str(file)], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def _declaring(file, data: bytes, payload_length: int) -> None:
+    """`data` (a checkpoint) with its prefix saying `payload_length`, as a sparse file of that
+    apparent size: the lengths agree with the file's size, and nothing else does."""
+    head = bytearray(data[:64])
+    struct.pack_into("<Q", head, 24, payload_length)
+    struct.pack_into("<I", head, 60, zlib.crc32(bytes(head[:60])))
+    text_length = struct.unpack_from("<Q", head, 16)[0]
+    with open(file, "wb") as handle:
+        handle.write(bytes(head) + data[64:64 + text_length])
+        handle.truncate(64 + text_length + payload_length)
+
+
+@pytest.mark.parametrize("gib", [2, 40])
+def test_a_declared_payload_is_not_allocated_before_the_description_accounts_for_it(saved, gib):
+    """A sparse file of a few KB on disk whose prefix declares a 2 or 40 GiB payload: 40 GiB
+    was numpy's MemoryError ("Unable to allocate 40.0 GiB"), 2 GiB was read whole (11.6 s, 2 GB
+    of RSS) before its checksum failed. The description's sections must account for the
+    payload before it is allocated; here, in a process that may map 1 GiB, a refusal naming
+    the file."""
+    file, data = saved
+    _declaring(file, data, gib << 30)
+    said = _load_with_1_gib(file)
+    assert said.startswith(f"ValueError: '{file}' is not a loadable cpprb_ray checkpoint: its "
+                           f"payload is {gib << 30} bytes, its sections "), said
+
+
+def _consistent(description, sections, stored: int, capacity: int) -> None:
+    """The description of a uniform buffer of `capacity` slots holding `stored` zero rows,
+    each section as long as it says."""
+    description.update(kind="uniform", capacity=capacity)
+    description["state"].update(stored_size=stored, next_index=stored % capacity,
+                                rows_added=stored)
+    sections["rows"] = bytearray(stored * description["row_stride"])
+    sections["tail_generations"] = bytearray(0)
+    sections["leaves"] = bytearray(0)
+
+
+def test_a_payload_this_process_cannot_hold_is_refused_before_it_is_read(saved):
+    """A description consistent with 2 GiB of rows (checksums valid around it), in a process
+    that may map 1 GiB: refused naming the file and the limit (its segment could not be held,
+    nor its payload), before the payload is allocated or read (it was numpy's MemoryError)."""
+    file, _ = saved
+    description, sections = checkpoint.read_file(file)
+    stored = (2 << 30) // description["row_stride"]
+    _consistent(description, {}, stored, stored)
+    rows = stored * description["row_stride"]
+    end = (rows + 63) // 64 * 64
+    description["sections"] = {"rows": [0, rows], "tail_generations": [end, 0],
+                               "leaves": [end, 0]}
+    text = json.dumps(description).encode()
+    text += b" " * ((-len(text)) % 64)
+    head = checkpoint._PREFIX.pack(checkpoint.MAGIC, 1, 64, len(text), end, zlib.crc32(text),
+                                   0, bytes(20), 0)[:-4]
+    with open(file, "wb") as handle:           # sparse: 2 GiB of rows that take no disk
+        handle.write(head + struct.pack("<I", zlib.crc32(head)) + text)
+        handle.truncate(64 + len(text) + end)
+    said = _load_with_1_gib(file)
+    assert said.startswith(f"ValueError: '{file}' is not a loadable cpprb_ray checkpoint: "), said
+    assert "this process may use" in said, said
+
+
+def test_a_capacity_the_machine_cannot_hold_is_refused_before_a_buffer_is_made(saved):
+    """An empty buffer of 2**40 slots (a valid checkpoint of a few KB): the constructor's
+    OSError ("no space") before; a refusal naming the file, the capacity and what is free."""
+    file, _ = saved
+    _crafted(file, lambda description, sections: _consistent(description, sections, 0, 1 << 40))
+    with refused(file, f"its capacity {1 << 40} needs a segment of "):
+        cpprb_ray.ReplayBuffer.load(file)

@@ -3,12 +3,18 @@
 An owner killed with SIGKILL cannot unlink its segment; these tests kill a real owner process,
 check that ``ls`` reports it dead, that ``rm --orphans`` removes its segment but not the segment
 of an owner that is alive, and that views of a removed segment keep working.
+
+Every sweep here is given the name prefix of the buffers its test made (the `segment_prefix`
+fixture): a sweep of the whole host would remove the orphans of anybody else's job on it, a
+crashed training run's buffer waiting to be inspected or another test run's deliberate orphan.
+The one sweep without a prefix runs in a private /dev/shm (its own mount namespace).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +33,7 @@ import sys, time
 from cpprb_ray import PrioritizedReplayBuffer, ReplayBuffer
 from cpprb_ray.__main__ import main
 cls = PrioritizedReplayBuffer if sys.argv[2] == "per" else ReplayBuffer
-rb = cls(16, {"obs": {"shape": 2}}, backend=sys.argv[1])
+rb = cls(16, {"obs": {"shape": 2}}, backend=sys.argv[1], name=sys.argv[3])
 rb.add(obs=[[1.0, 2.0], [3.0, 4.0]])
 print(rb.name, flush=True)
 time.sleep(120)
@@ -49,13 +55,19 @@ def file_of(backend: str, name: str) -> str:
     return os.path.join("/dev/shm", name) if backend == "shm" else name
 
 
+def named(prefix: str) -> str:
+    """A fresh buffer name under `prefix`."""
+    return prefix + os.urandom(4).hex()
+
+
 class Owner:
     """A child process that owns a buffer and sleeps until it is killed."""
 
-    def __init__(self, backend: str, kind: str = "per") -> None:
+    def __init__(self, backend: str, prefix: str, kind: str = "per") -> None:
         self.backend = backend
-        self.process = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, backend, kind],
-                                        stdout=subprocess.PIPE, text=True, env=child_env())
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", OWNER_SCRIPT, backend, kind, named(prefix)],
+            stdout=subprocess.PIPE, text=True, env=child_env())
         self.name = self.process.stdout.readline().strip()
         assert self.name, "the owner process printed no buffer name"
         self.pid = self.process.pid
@@ -95,8 +107,8 @@ def entry_for(name: str):
     return matches[0] if matches else None
 
 
-def test_killed_owner_is_an_orphan(backend):
-    dead, alive = Owner(backend), Owner(backend, "uniform")
+def test_killed_owner_is_an_orphan(backend, segment_prefix):
+    dead, alive = Owner(backend, segment_prefix), Owner(backend, segment_prefix, "uniform")
     view = None
     try:
         view = PrioritizedReplayBuffer.attach(dead.name)
@@ -116,10 +128,9 @@ def test_killed_owner_is_an_orphan(backend):
         assert entry_for(alive.name)["owner_alive"] is True
         assert entry_for(alive.name)["prioritized"] is False
 
-        result = cli("rm", "--orphans")
+        result = cli("rm", "--orphans", "--prefix", segment_prefix)
         assert result.returncode == 0, result.stderr
-        assert f"removed orphan {dead.name}" in result.stdout.splitlines()
-        assert alive.name not in result.stdout
+        assert result.stdout.splitlines() == [f"removed orphan {dead.name}"]
         assert not os.path.exists(dead.file)
         assert os.path.exists(alive.file)                  # its owner lives: not an orphan
         assert entry_for(dead.name) is None and entry_for(alive.name) is not None
@@ -142,16 +153,17 @@ def test_killed_owner_is_an_orphan(backend):
         alive.cleanup()
 
 
-def test_functions_on_orphans(backend):
-    dead = Owner(backend)
+def test_functions_on_orphans(backend, segment_prefix):
+    dead = Owner(backend, segment_prefix)
     try:
-        with PrioritizedReplayBuffer(8, {"x": {}}, backend=backend) as mine:
+        with PrioritizedReplayBuffer(8, {"x": {}}, backend=backend,
+                                     name=named(segment_prefix)) as mine:
             entry = entry_for(mine.name)
             assert entry["owner_pid"] == os.getpid() and entry["owner_alive"] is True
             dead.kill()
             assert entry_for(dead.name)["owner_alive"] is False
-            removed = cpprb_ray.remove_orphans()
-            assert dead.name in removed and mine.name not in removed
+            removed = cpprb_ray.remove_orphans(prefix=segment_prefix)
+            assert removed == [dead.name]
             assert not os.path.exists(dead.file) and os.path.exists(file_of(backend, mine.name))
             assert cpprb_ray.remove_buffer(dead.name) is False      # already gone
     finally:
@@ -261,14 +273,15 @@ def test_wide_buffer_is_listed_and_removable(backend):
 NAMESPACED_OWNER = """
 import sys
 import cpprb_ray
-rb = cpprb_ray.PrioritizedReplayBuffer(16, {"obs": {"shape": 2}}, backend=sys.argv[1])
+rb = cpprb_ray.PrioritizedReplayBuffer(16, {"obs": {"shape": 2}}, backend=sys.argv[1],
+                                       name=sys.argv[2])
 rb.add(obs=[1.0, 2.0])
 print(rb.name, flush=True)
 sys.stdin.readline()
 """
 
 
-def test_owner_in_another_pid_namespace_is_unknown(backend):
+def test_owner_in_another_pid_namespace_is_unknown(backend, segment_prefix):
     """A live owner in another pid namespace sharing /dev/shm (a container with --ipc=host)
     has a pid that means nothing here (it is pid 1 there): ls says "unknown", rm --orphans
     keeps its buffer unless --force."""
@@ -278,8 +291,8 @@ def test_owner_in_another_pid_namespace_is_unknown(backend):
         pytest.skip(f"cannot make a pid namespace here: {probe.stderr.strip()}")
     owner = subprocess.Popen(
         ["unshare", "-p", "-f", "--mount-proc", "--kill-child", sys.executable, "-c",
-         NAMESPACED_OWNER, backend], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env=child_env())
+         NAMESPACED_OWNER, backend, named(segment_prefix)], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, env=child_env())
     name = owner.stdout.readline().strip()
     try:
         assert name, "the namespaced owner printed no name"
@@ -291,7 +304,7 @@ def test_owner_in_another_pid_namespace_is_unknown(backend):
         assert f"{name}: owner unknown: its owner (pid 1) runs in another pid namespace" in (
             listed.stderr)
 
-        result = cli("rm", "--orphans")
+        result = cli("rm", "--orphans", "--prefix", segment_prefix)
         assert result.returncode == 0, result.stderr
         assert name not in result.stdout
         # (Only an outside sweep fails this: a cpprb_ray without namespaces in its metadata,
@@ -300,10 +313,10 @@ def test_owner_in_another_pid_namespace_is_unknown(backend):
         assert f"skipped {name}: its owner (pid 1) runs in another pid namespace" in result.stderr
         assert "--force" in result.stderr
         assert os.path.exists(file_of(backend, name)) and owner.poll() is None
-        assert name not in cpprb_ray.remove_orphans()
+        assert cpprb_ray.remove_orphans(prefix=segment_prefix) == []
         assert os.path.exists(file_of(backend, name))
 
-        result = cli("rm", "--orphans", "--force")
+        result = cli("rm", "--orphans", "--force", "--prefix", segment_prefix)
         assert result.returncode == 0, result.stderr
         assert f"removed orphan {name}" in result.stdout.splitlines()
         assert not os.path.exists(file_of(backend, name))
@@ -359,7 +372,7 @@ def test_damaged_header_does_not_break_ls_or_rm():
 MAIN_THREAD_EXITS = """
 import ctypes, os, sys, threading
 import cpprb_ray
-rb = cpprb_ray.ReplayBuffer(16, {"obs": {}}, backend=sys.argv[1])
+rb = cpprb_ray.ReplayBuffer(16, {"obs": {}}, backend=sys.argv[1], name=sys.argv[2])
 def serve():
     rb.add(obs=1.0)
     print(rb.name, flush=True)
@@ -371,10 +384,11 @@ ctypes.CDLL(None).pthread_exit(None)   # the main thread ends; the process goes 
 """
 
 
-def test_owner_whose_main_thread_exited_is_alive(backend):
+def test_owner_whose_main_thread_exited_is_alive(backend, segment_prefix):
     """A main thread that called pthread_exit is a zombie in /proc while the process runs on in
     its other threads: the owner is alive (stopped too), and `rm --orphans` keeps its buffer."""
-    owner = subprocess.Popen([sys.executable, "-c", MAIN_THREAD_EXITS, backend],
+    owner = subprocess.Popen([sys.executable, "-c", MAIN_THREAD_EXITS, backend,
+                              named(segment_prefix)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env=child_env())
     name = owner.stdout.readline().strip()
@@ -384,7 +398,7 @@ def test_owner_whose_main_thread_exited_is_alive(backend):
         os.kill(owner.pid, signal.SIGSTOP)
         try:
             assert entry_for(name)["owner_status"] == "alive"
-            result = cli("rm", "--orphans")
+            result = cli("rm", "--orphans", "--prefix", segment_prefix)
             assert result.returncode == 0 and name not in result.stdout
             assert os.path.exists(file_of(backend, name))
         finally:
@@ -400,17 +414,18 @@ def test_owner_whose_main_thread_exited_is_alive(backend):
 EXECS = """
 import os, sys
 import cpprb_ray
-rb = cpprb_ray.ReplayBuffer(16, {"obs": {}}, backend=sys.argv[1])
+rb = cpprb_ray.ReplayBuffer(16, {"obs": {}}, backend=sys.argv[1], name=sys.argv[3])
 print(rb.name, flush=True)
 os.execv(sys.argv[2], [sys.argv[2], "60"])   # nothing of ours runs from here on
 """
 
 
-def test_owner_that_exec_d_another_program_is_gone(backend):
+def test_owner_that_exec_d_another_program_is_gone(backend, segment_prefix):
     """An owner that exec'd another program keeps its pid and start time but can never free
     its segment: the buffer is an orphan for `ls` and `rm --orphans`, not alive for ever."""
     sleep = "/bin/sleep" if os.path.exists("/bin/sleep") else "/usr/bin/sleep"
-    owner = subprocess.Popen([sys.executable, "-c", EXECS, backend, sleep],
+    owner = subprocess.Popen([sys.executable, "-c", EXECS, backend, sleep,
+                              named(segment_prefix)],
                              stdout=subprocess.PIPE, text=True, env=child_env())
     name = owner.stdout.readline().strip()
     try:
@@ -421,8 +436,8 @@ def test_owner_that_exec_d_another_program_is_gone(backend):
             deadline -= 1
         assert owner.poll() is None                           # the same pid, running on
         assert entry_for(name)["owner_status"] == "dead"
-        result = cli("rm", "--orphans")
-        assert result.returncode == 0 and f"removed orphan {name}" in result.stdout.splitlines()
+        result = cli("rm", "--orphans", "--prefix", segment_prefix)
+        assert result.returncode == 0 and result.stdout.splitlines() == [f"removed orphan {name}"]
         assert not os.path.exists(file_of(backend, name))
     finally:
         owner.kill()
@@ -458,7 +473,7 @@ def test_unreadable_buffer_of_an_owner_in_another_pid_namespace_is_unknown():
         entry = entry_for(name)
         assert entry["valid"] is False and "layout version" in entry["problem"]
         assert entry["owner_status"] == "unknown" and "another pid namespace" in entry["owner_why"]
-        result = cli("rm", "--orphans")
+        result = cli("rm", "--orphans", "--prefix", name)
         assert result.returncode == 0 and f"skipped {name}:" in result.stderr
         assert os.path.exists(path)
     finally:
@@ -525,3 +540,82 @@ def test_damaged_layout_length_is_not_read_whole(damage):
         os.close(fd)
         if os.path.exists(path):
             os.unlink(path)
+
+
+def test_a_prefix_sweeps_one_job_and_leaves_another_alone(backend, segment_prefix):
+    """Two jobs' orphans on one host: `rm --orphans --prefix A` (and remove_orphans(prefix=A))
+    removes A's and leaves B's, still to be inspected; `ls --prefix` lists one job's."""
+    job_a, job_b = segment_prefix + "a_", segment_prefix + "b_"
+    owners = [Owner(backend, job_a), Owner(backend, job_b), Owner(backend, job_b)]
+    try:
+        for owner in owners:
+            owner.kill()
+        listed = cli("ls", "--prefix", job_b)
+        assert listed.returncode == 0, listed.stderr
+        assert sorted(line.split()[0] for line in listed.stdout.splitlines()[1:]) == sorted(
+            [owners[1].name, owners[2].name])
+        assert [entry["name"] for entry in cpprb_ray.list_buffers(prefix=job_a)] == [
+            owners[0].name]
+
+        result = cli("rm", "--orphans", "--prefix", job_a)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == [f"removed orphan {owners[0].name}"]
+        assert not os.path.exists(owners[0].file)
+        assert os.path.exists(owners[1].file) and os.path.exists(owners[2].file)
+
+        assert cpprb_ray.remove_orphans(prefix=job_a) == []
+        assert sorted(cpprb_ray.remove_orphans(prefix=job_b)) == sorted(
+            [owners[1].name, owners[2].name])
+        assert not any(os.path.exists(owner.file) for owner in owners)
+    finally:
+        for owner in owners:
+            owner.cleanup()
+
+
+def test_bad_prefix_is_refused_by_name():
+    for bad in ("", "a/b", "a\0b"):
+        with pytest.raises(ValueError, match="prefix must be the start of a buffer's file name"):
+            cpprb_ray.remove_orphans(prefix=bad)
+        with pytest.raises(ValueError, match="prefix"):
+            cpprb_ray.list_buffers(prefix=bad)
+    with pytest.raises(TypeError, match="prefix must be a str or None; got int"):
+        cpprb_ray.remove_orphans(prefix=3)
+    for arguments in (("rm", "--orphans", "--prefix", "a/b"), ("ls", "--prefix", ""),
+                      ("rm", "somebuffer", "--prefix", "cpprb_ray_")):
+        result = cli(*arguments)
+        assert result.returncode == 2 and "prefix" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert "--prefix goes with --orphans" in cli("rm", "x", "--prefix", "y").stderr
+
+
+SWEEP_EVERYTHING = """
+import json, os, signal, subprocess, sys
+owner = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2], "per", "cpprb_ray_x"],
+                         stdout=subprocess.PIPE, text=True)
+name = owner.stdout.readline().strip()
+owner.kill()
+owner.wait()
+swept = subprocess.run([sys.executable, "-m", "cpprb_ray", "rm", "--orphans"],
+                       capture_output=True, text=True)
+print(json.dumps({"name": name, "out": swept.stdout, "status": swept.returncode,
+                  "left": sorted(os.listdir("/dev/shm"))}))
+"""
+
+
+def test_a_sweep_without_prefix_in_a_private_dev_shm(backend):
+    """What a user's bare `rm --orphans` does (every orphan of this user), run where it can
+    remove nothing of anybody else: a private mount namespace with its own tmpfs on /dev/shm."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) on this machine")
+    command = 'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"'
+    result = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "bash", "-c", command, "bash",
+         sys.executable, "-c", SWEEP_EVERYTHING, OWNER_SCRIPT, backend],
+        capture_output=True, text=True, env=child_env(), timeout=120)
+    if result.returncode != 0 and "mount" in result.stderr and not result.stdout:
+        pytest.skip(f"cannot mount a private /dev/shm here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] == 0 and report["name"]
+    assert report["out"].splitlines() == [f"removed orphan {report['name']}"]
+    assert report["left"] == []

@@ -458,3 +458,68 @@ def test_every_cpprb_method_exists_here_and_is_in_the_migration_table():
         signature = (theirs.__doc__ or "").splitlines()[0]
         for argument in re.findall(r"(\w+)=", signature):
             assert f"`{argument}" in table, f"docs/migrating.md lacks {name}'s {argument}="
+
+
+# -- floats into integer and bool columns ------------------------------------------------------
+
+CAST_ENV = {"obs": {}, "act": {"dtype": np.int64}, "flag": {"dtype": np.bool_}}
+WHOLE_FLOAT_ADDS = [dict(obs=np.zeros(8), act=np.zeros(8), flag=np.zeros(8)),
+                    dict(obs=1.0, act=1.0, flag=1.0),
+                    dict(obs=2.0, act=np.float32(2), flag=np.float64(0.0)),
+                    dict(obs=[3.0, 4.0], act=[3.0, -4.0], flag=[1.0, 0.0])]
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"Nstep": {"size": 2, "gamma": 0.9, "rew": "rew", "next": "next_obs"}},
+    {"next_of": "obs", "lanes": 1}], ids=["plain", "nstep", "laned"])
+def test_whole_floats_go_into_integer_and_bool_columns_as_cpprb_takes_them(options):
+    """cpprb stores act=np.zeros(8), act=1.0 and act=np.float32(2) into an int64 column (and
+    0.0/1.0 into a bool one); cpprb_ray raised TypeError "cannot cast float64 to it (same_kind
+    casting)". Whole numbers go in as those integers, in every add path."""
+    env = dict(CAST_ENV)
+    extra = {"next_obs": 0.0} if options else {}
+    if "Nstep" in options:
+        env.update(rew={}, next_obs={}, done={})
+        extra.update(rew=1.0, done=0.0)
+    with ReplayBuffer(32, env, **options) as rb:
+        for values in WHOLE_FLOAT_ADDS:
+            count = len(np.atleast_1d(values["obs"]))
+            rb.add(**values, **{k: np.full(count, v) for k, v in extra.items()})
+        rb.on_episode_end()
+        stored = rb.get_all_transitions()
+    assert stored["act"].dtype == np.int64 and stored["flag"].dtype == np.bool_
+    assert stored["act"].ravel().tolist() == [0] * 8 + [1, 2, 3, -4]
+    assert stored["flag"].ravel().tolist() == [False] * 8 + [True, False, True, False]
+
+
+def test_whole_floats_are_stored_as_cpprb_stores_them():
+    cpprb = pytest.importorskip("cpprb")
+    theirs = cpprb.ReplayBuffer(32, CAST_ENV)
+    with ReplayBuffer(32, CAST_ENV) as ours:
+        for values in WHOLE_FLOAT_ADDS:
+            ours.add(**values)
+            theirs.add(**values)
+        mine, cpprbs = ours.get_all_transitions(), theirs.get_all_transitions()
+    for key in CAST_ENV:
+        np.testing.assert_array_equal(mine[key], cpprbs[key], err_msg=key)
+        assert mine[key].dtype == cpprbs[key].dtype, key
+
+
+@pytest.mark.parametrize("values, message", [
+    (dict(act=1.5), "column 'act' has dtype int64; got 1.5, not a whole number"),
+    (dict(act=np.array([1.0, np.nan, 2.0]), obs=np.zeros(3), flag=np.zeros(3)),
+     r"column 'act' has dtype int64; got nan at index \(1,\), not a whole number"),
+    (dict(act=np.float32(np.inf)), "got inf, not a whole number"),
+    (dict(act=-np.inf), "got -inf, not a whole number"),
+    (dict(act=1e19), r"got 1e\+19, not a whole number within \[-9223372036854775808, "),
+    (dict(flag=0.5), "column 'flag' has dtype bool; got 0.5, not 0 or 1"),
+    (dict(flag=[1.0, 2.0], obs=[0.0, 0.0], act=[0, 0]), r"got 2.0 at index \(1,\), not 0 or 1"),
+])
+def test_a_float_an_integer_column_cannot_hold_is_refused_by_name_and_position(values, message):
+    """Where cpprb's astype would store 1.5 as 1, NaN or inf as whatever the platform gives,
+    cpprb_ray refuses, naming the column and the first bad position; nothing is added."""
+    with ReplayBuffer(32, CAST_ENV) as rb:
+        rb.add(obs=0.0, act=0, flag=False)
+        with pytest.raises(ValueError, match=message):
+            rb.add(**dict(dict(obs=0.0, act=0, flag=False), **values))
+        assert rb.get_stored_size() == 1

@@ -370,3 +370,180 @@ def test_uniform_sample_into_out():
         again = rb.sample(5, out=out)
         assert again["obs"] is out["obs"] and "weights" not in again
         assert set(again["obs"].ravel()) <= {1.0, 2.0, 3.0}
+
+
+# -- a sample whose outputs cannot fit in memory ------------------------------------------------
+
+HUGE_SAMPLE = """
+    import resource, sys
+    import cpprb_ray
+    if len(sys.argv) > 1:
+        limit = int(sys.argv[1])
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    for cls, options in ((cpprb_ray.ReplayBuffer, {}), (cpprb_ray.PrioritizedReplayBuffer, {}),
+                         (cpprb_ray.ReplayBuffer, {"next_of": "obs", "lanes": 1})):
+        with cls(1024, {"obs": {}, "act": {}}, **options) as rb:
+            rb.add(obs=[1.0, 2.0], act=[3.0, 4.0],
+                   **({"next_obs": [2.0, 3.0]} if options else {}))
+            try:
+                rb.sample(2**31)
+            except ValueError as error:
+                print(error)
+            else:
+                raise AssertionError("sample(2**31) did not raise")
+            assert rb.sample(4)["obs"].shape == (4, 1)     # nothing was left half made
+    print("done")
+"""
+
+
+def _assert_huge_sample_refused(result: subprocess.CompletedProcess) -> None:
+    assert_clean_exit(result)
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "done" and len(lines) == 4, result.stdout
+    for line in lines[:3]:
+        assert line.startswith("batch_size 2147483648 needs ") and "bytes of sample output" in line
+        assert "bytes this process may use" in line
+
+
+def test_a_sample_past_the_memory_limit_is_refused_before_it_allocates():
+    """sample(2**31) on a 1,024-row buffer of two floats: about 100 GB of outputs. It was the
+    OOM killer's (anon-rss 23 GB on a 24 GB machine); here under a 4 GiB RLIMIT_AS, where it
+    was numpy's MemoryError naming nothing: now a ValueError naming batch_size, before
+    anything is allocated, and the buffer samples as before."""
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(HUGE_SAMPLE), str(4 << 30)],
+                            capture_output=True, text=True, timeout=120, cwd=TESTS_DIR)
+    _assert_huge_sample_refused(result)
+
+
+def _memory_cgroup() -> str:
+    """A fresh memory cgroup below this process's, or pytest.skip saying why it cannot be."""
+    try:
+        with open("/proc/self/cgroup") as handle:
+            lines = [line.strip().split(":", 2) for line in handle]
+    except OSError as error:
+        pytest.skip(f"no /proc/self/cgroup: {error}")
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):
+            parent, limit_file = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/")), \
+                "memory.limit_in_bytes"
+            break
+    else:
+        parent, limit_file = os.path.join("/sys/fs/cgroup", lines[-1][2].lstrip("/")), \
+            "memory.max"
+    child = os.path.join(parent, f"cpprb_ray_test_{os.getpid()}")
+    try:
+        os.mkdir(child)
+    except OSError as error:
+        pytest.skip(f"cannot make a memory cgroup under {parent}: {error}")
+    if not os.path.exists(os.path.join(child, limit_file)):
+        os.rmdir(child)
+        pytest.skip(f"no memory controller in {parent}")
+    with open(os.path.join(child, limit_file), "w") as handle:
+        handle.write(str(2 << 30))
+    return child
+
+
+def test_a_sample_past_the_containers_memory_is_refused():
+    """The same sample in a container whose cgroup allows 2 GiB (the machine has more): the
+    limit that counts is the cgroup's, not the machine's. The cgroup's OOM killer ended the
+    child before (it is the only process in that cgroup)."""
+    cgroup = _memory_cgroup()
+    try:
+        def enter() -> None:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as handle:
+                handle.write(str(os.getpid()))
+
+        result = subprocess.run([sys.executable, "-c", textwrap.dedent(HUGE_SAMPLE)],
+                                capture_output=True, text=True, timeout=120, cwd=TESTS_DIR,
+                                preexec_fn=enter)
+        _assert_huge_sample_refused(result)
+        assert "more than the 2.15e+09 bytes this process may use" in result.stdout
+    finally:
+        os.rmdir(cgroup)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2", "hybrid"])
+def test_memory_limit_reads_the_cgroups_above_too(tmp_path, version):
+    """The least limit of the process's cgroup and those above it (a container's limit sits
+    above the cgroups made inside it), in each cgroup layout; "no limit" values ignored."""
+    from cpprb_ray._proc import memory_limit
+
+    machine = memory_limit("/nonexistent", "/nonexistent")
+    root = tmp_path / "cgroup"
+    if version == "v1":
+        base, name, listing = root / "memory", "memory.limit_in_bytes", "4:memory,x:/pod/job\n"
+        unlimited = str(0x7FFFFFFFFFFFF000)
+    else:
+        base = root if version == "v2" else root / "unified"
+        name, listing, unlimited = "memory.max", "0::/pod/job\n", "max"
+        (base / "pod" / "job").mkdir(parents=True)
+        if version == "v2":
+            (root / "cgroup.controllers").write_text("memory\n")
+    (base / "pod" / "job").mkdir(parents=True, exist_ok=True)
+    (base / name).write_text(unlimited + "\n")
+    (base / "pod" / name).write_text(f"{3 << 30}\n")             # the container's
+    (base / "pod" / "job" / name).write_text(unlimited + "\n")
+    proc = tmp_path / "cgroup_of_self"
+    proc.write_text(listing)
+    assert memory_limit(str(proc), str(root)) == min(machine or 1 << 62, 3 << 30)
+    (base / "pod" / "job" / name).write_text(f"{1 << 30}\n")
+    assert memory_limit(str(proc), str(root)) == 1 << 30
+
+
+# -- a corrupt tree node never becomes a weight --------------------------------------------------
+
+CORRUPT_VALUES = [float("nan"), -float("inf"), float("inf"), -1.0, 0.0, 1e-300, 1e300]
+
+
+def _assert_weights_or_corrupt(call) -> str:
+    """`call()` (a sample) raised the corrupt-segment error, or gave weights in (0, 1]."""
+    try:
+        batch = call()
+    except ValueError as error:
+        assert "corrupt" in str(error), error
+        return "corrupt"
+    weights = batch["weights"]
+    assert np.isfinite(weights).all() and (weights > 0).all() and (weights <= 1).all(), weights
+    return "weights"
+
+
+@pytest.mark.parametrize("capacity", [9, 100])
+def test_a_corrupt_tree_node_gives_the_corrupt_segment_error_never_bad_weights(capacity):
+    """Every double of the tree (sums, mins, padding) set in turn to NaN, -inf, inf, -1.0, 0.0,
+    or a value no leaf has, through the segment's memory; then a sample, an update of two
+    slots and a sample again. Each raises the corrupt-segment error or gives weights in (0, 1]:
+    90 of 384 such cases of a 9-slot tree returned NaN, inf, 0 or > 1 before, and one -inf in
+    node 37 plus one update made every weight inf."""
+    priorities = np.linspace(0.5, 4.0, capacity)
+    outcomes = {"corrupt": 0, "weights": 0}
+    with cpprb_ray.PrioritizedReplayBuffer(capacity, ENV, seed=1) as rb:
+        rb.add(obs=np.ones((capacity, 4)), rew=np.zeros(capacity), priorities=priorities)
+        tree_offset, _ = tree_offset_and_padding(rb)
+        nodes = np.frombuffer(rb._segment.memory, dtype=np.float64, offset=tree_offset,
+                              count=_store.tree_nbytes(capacity) // 8)
+        intact = nodes.copy()
+        try:
+            for node in range(len(nodes)):
+                for value in CORRUPT_VALUES:
+                    nodes[:] = intact
+                    if nodes[node] == value or (np.isnan(value) and np.isnan(nodes[node])):
+                        continue
+                    nodes[node] = value
+                    first = _assert_weights_or_corrupt(lambda: rb.sample(32, beta=0.4))
+                    try:
+                        rb.update_priorities([0, capacity - 1], [1.0, 2.0])
+                    except ValueError as error:
+                        assert "corrupt" in str(error), error
+                    try:
+                        second = _assert_weights_or_corrupt(lambda: rb.sample(32, beta=0.4))
+                    except AssertionError:
+                        raise AssertionError(f"node {node} = {value}, after an update: "
+                                             f"{nodes.tolist()}") from None
+                    outcomes[first] += 1
+                    outcomes[second] += 1
+            nodes[:] = intact
+            rb.update_priorities(np.arange(capacity), priorities)
+            assert _assert_weights_or_corrupt(lambda: rb.sample(32, beta=0.4)) == "weights"
+        finally:
+            del nodes    # its export of the segment: the close unmaps it
+    assert outcomes["corrupt"] > 0 and outcomes["weights"] > 0, outcomes

@@ -48,7 +48,8 @@ elif setup == "ignore":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 elif setup == "optout":
     cpprb_ray.install_sigterm_handler(False)
-rb = cpprb_ray.PrioritizedReplayBuffer(8, {"obs": {"shape": 2}}, backend=backend)
+rb = cpprb_ray.PrioritizedReplayBuffer(8, {"obs": {"shape": 2}}, backend=backend,
+                                       name=sys.argv[3])
 rb.add(obs=[1.0, 2.0])
 print(rb.name, flush=True)
 if setup == "os_exit":
@@ -103,7 +104,9 @@ class OwnerProcess:
     def __init__(self, backend: str, setup: str = "default") -> None:
         self.backend = backend
         self.process = subprocess.Popen(
-            [sys.executable, "-c", OWNER_SCRIPT, backend, setup], stdin=subprocess.PIPE,
+            [sys.executable, "-c", OWNER_SCRIPT, backend, setup,
+             # Its own name: the sweep of assert_orphan_listed_and_removed takes only it.
+             f"cpprb_ray_test_ending_{os.getpid()}_{os.urandom(4).hex()}"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
         self.name = self.process.stdout.readline().strip()
         assert self.name, f"the owner printed no name: {self.process.stderr.read()}"
@@ -206,9 +209,9 @@ def assert_orphan_listed_and_removed(owner: OwnerProcess, pid: int) -> None:
     listed = [line.split() for line in cli("ls").stdout.splitlines()[1:]]
     mine = [fields for fields in listed if fields[0] == owner.name]
     assert len(mine) == 1 and int(mine[0][5]) == pid and mine[0][6] == "no", listed
-    result = cli("rm", "--orphans")
+    result = cli("rm", "--orphans", "--prefix", os.path.basename(owner.file))
     assert result.returncode == 0, result.stderr
-    assert f"removed orphan {owner.name}" in result.stdout.splitlines()
+    assert result.stdout.splitlines() == [f"removed orphan {owner.name}"]
     assert not os.path.exists(owner.file)
 
 

@@ -489,7 +489,7 @@ def test_a_killed_writer_loses_only_its_staged_steps(backend):
     # MemoryError, naming nothing.
     ({"size": 2**63, "gamma": 0.9, "rew": "rew", "next": "next_obs"}, ValueError,
      r"Nstep\['size'\] 9223372036854775808 needs .* bytes of staging in each handle's process, "
-     r"more than this machine's"),
+     r"more than the .* bytes this process may use"),
     ({"size": 2**40, "gamma": 0.9, "rew": "rew", "next": "next_obs"}, ValueError,
      r"Nstep\['size'\] 1099511627776 needs"),
     ({"size": 10**400, "gamma": 0.9, "rew": "rew", "next": "next_obs"}, ValueError,
@@ -625,8 +625,8 @@ def test_single_steps_of_every_value_kind_give_the_batch_rows():
 
 
 @pytest.mark.parametrize("bad,error,message", [
-    (dict(act=1.5), TypeError, "column 'act' has dtype int64; cannot cast float64"),
-    (dict(act=np.float32(1)), TypeError, "cannot cast float32"),
+    (dict(act=1.5), ValueError, "column 'act' has dtype int64; got 1.5, not a whole number"),
+    (dict(act=np.float32(np.nan)), ValueError, "got nan, not a whole number"),
     (dict(obs=np.zeros((2, 2))), ValueError, r"column 'obs' must have shape \(1,\)"),
     (dict(next_obs=np.zeros(3)), ValueError, r"column 'next_obs' must have shape \(2,\)"),
     (dict(act="1"), TypeError, "cannot cast <U1"),

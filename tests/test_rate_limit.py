@@ -16,6 +16,7 @@ Every wait here is bounded; a hang is a failure.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import re
@@ -940,7 +941,12 @@ def test_a_crafted_limiter_in_a_checkpoint_is_refused(tmp_path):
     description, sections = checkpoint.read_file(file)
     for key, value, words in (("min_size_to_sample", 9, "larger than the buffer"),
                               ("kind", "Queue", "unknown rate limiter"),
-                              ("inserts", -1, "rate limiter counts")):
+                              ("inserts", -1, "rate limiter counts"),
+                              # Fewer inserts since the last clear than rows stored, or more
+                              # than ever added: no writer leaves either.
+                              ("inserts", 2, "rate limiter inserts 2 with 3 rows stored"),
+                              ("inserts", 4, "rate limiter inserts 4 with 3 rows stored and "
+                                             "3 ever added")):
         crafted = dict(description)
         crafted["rate_limiter"] = dict(description["rate_limiter"], **{key: value})
         del crafted["sections"]
@@ -956,3 +962,53 @@ def _admitted(call) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+STATS_READER = """
+import json, sys
+import cpprb_ray
+rb = cpprb_ray.attach(sys.argv[1])
+trace_me()
+limiter = rb.stats()["rate_limiter"]
+with open(sys.argv[2], "w") as out:
+    json.dump(limiter, out)
+rb.close()
+"""
+
+
+def test_stats_reads_the_limiters_counts_as_one_snapshot(tmp_path):
+    """A reader stopped at every instruction of stats() (ptrace), while between any two of
+    its instructions this process adds 3 rows and samples 3 (the limiter's diff stays in its
+    window throughout): the reader's inserts, samples and diff are of one moment, inside the
+    window. Read one by one without the lock, the inserts of one moment and the samples of
+    a later one made a diff below min_diff (as 1 poll in 602,260 of a real run did)."""
+    import _ptrace
+
+    if not _ptrace.SUPPORTED:
+        pytest.skip("ptrace single-stepping is implemented for Linux x86_64 only")
+    from cpprb_ray import _store
+
+    limiter = SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=1, error_buffer=4)
+    with ReplayBuffer(64, ENV, rate_limiter=limiter) as rb:
+        rb.add(**batch_of(1))
+        low, high = rb.stats()["rate_limiter"]["min_diff"], rb.stats()["rate_limiter"]["max_diff"]
+        said = tmp_path / "stats.json"
+        reader = _ptrace.Tracee(STATS_READER, [rb.name, str(said)])
+        try:
+            reader.run_to_function(_store.__file__, "ReplayStore_11counters")
+            moved = 0
+            while reader.step():
+                if rb._store.lock_owner() == 0:      # the reader holds no lock: go on
+                    rb.add(**batch_of(3), timeout=0)
+                    rb.sample(3, timeout=0)
+                    moved += 1
+                    assert low <= rb.stats()["rate_limiter"]["diff"] <= high
+            assert moved > 100
+        finally:
+            status = reader.finish() if reader.alive else reader.process.returncode
+        assert status == 0
+    seen = json.loads(said.read_text())
+    assert seen["diff"] == seen["inserts"] - seen["samples"]
+    assert low <= seen["diff"] <= high, (
+        f"the reader saw inserts {seen['inserts']} and samples {seen['samples']}: diff "
+        f"{seen['diff']} outside [{low}, {high}]")

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import cpprb_ray
@@ -130,3 +131,53 @@ def test_actors_killed_idle_and_while_adding(ray_session, backend):
     finally:
         rb.close()
     assert not os.path.exists(segment_file(rb))
+
+
+def test_a_proxy_adds_a_batch_whole_or_not_at_all(ray_session, backend):
+    """A remote handle's batch reaches the buffer through its proxy's add: checked whole before
+    anything is written, one store add, true counts. A 4-row batch whose second run had
+    priority -1.0 raised but left 2 rows; a run (0, 10**9) added 2 rows and reported 10**9."""
+    from cpprb_ray import _proxy
+
+    nan = float("nan")
+    with cpprb_ray.PrioritizedReplayBuffer(16, {"obs": {}}, backend=backend) as rb, \
+            cpprb_ray.PrioritizedReplayBuffer(16, {"obs": {}}, backend=backend) as local:
+        actor = _proxy.proxy_class(ray).remote(rb.backend, rb.name, rb._layout.token)
+        obs = np.arange(4.0)
+        bad = [([obs], np.array([nan, nan, -1.0, 1.0]), [(0, 2, False), (2, 4, True)],
+                ValueError, "priorities"),
+               ([obs[:2]], None, [(0, 10**9, False)], ValueError, "cover the batch's 2 rows"),
+               ([obs], None, [(0, 2, False)], ValueError, "cover the batch's 4 rows"),
+               ([obs], None, [(0, 2, False), (1, 4, False)], ValueError, "in order"),
+               ([obs, obs[:3]], None, [(0, 4, False)], ValueError, "different numbers of rows"),
+               ([obs], None, [(0, 4, True)], ValueError, "none were sent")]
+        for arrays, priorities, runs, error, words in bad:
+            with pytest.raises(error, match=words):
+                ray.get(actor.add.remote(arrays, priorities, runs, None), timeout=TIMEOUT)
+            assert rb.get_stored_size() == 0 and rb.stats()["inserts"] == 0
+
+        # Mixed runs: one add, the rows without a priority weighted as local adds in that
+        # order weigh them (the largest priority seen so far).
+        first, count = ray.get(actor.add.remote(
+            [obs], np.array([nan, 5.0, nan, 2.0]),
+            [(0, 1, False), (1, 2, True), (2, 3, False), (3, 4, True)], None), timeout=TIMEOUT)
+        assert (first, count) == (0, 4)
+        assert rb.get_stored_size() == 4 and rb.stats()["inserts"] == 4
+        local.add(obs=obs[:1])
+        local.add(obs=obs[1:2], priorities=[5.0])
+        local.add(obs=obs[2:3])
+        local.add(obs=obs[3:], priorities=[2.0])
+        assert rb._store.check_tree()[1].tolist() == local._store.check_tree()[1].tolist()
+        assert rb.get_max_priority() == local.get_max_priority() == 5.0
+        ray.kill(actor)
+
+
+def test_the_tests_own_ray_runtime_stays_on_loopback(ray_session):
+    """The single node the tests start (conftest: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before
+    ray is imported, node ip 127.0.0.1) listens on loopback only: Ray 2.60 bound it to the
+    machine's outward address, even given 127.0.0.1."""
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    assert [node["NodeManagerAddress"] for node in nodes] == ["127.0.0.1"]
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
+    assert ray.get(ray.remote(lambda: ray.util.get_node_ip_address()).remote(),
+                   timeout=TIMEOUT) == "127.0.0.1"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -52,6 +53,7 @@ def remote_results(tmp_path_factory):
         with open(results_path) as handle:
             results = json.load(handle)
         results["output"] = output
+        results["node_ip"] = cluster.node_ip
     finally:
         cluster.stop()
     results["module_seconds"] = time.monotonic() - started
@@ -131,3 +133,12 @@ def test_core_without_ray():
                             text=True, timeout=60,
                             env=dict(os.environ, PYTHONPATH=REPO_ROOT))
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_the_two_node_cluster_binds_only_this_machines_address(remote_results):
+    """Both nodes listen on the address the harness gave them, one of this machine's own (a
+    socket binds to it), and say so; loopback cannot hold a second node."""
+    address = remote_results["node_ip"]
+    assert remote_results["node_addresses"] == [address, address]
+    with socket.socket() as probe:
+        probe.bind((address, 0))

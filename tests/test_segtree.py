@@ -36,7 +36,9 @@ BOUNDARY_CAPACITIES = [1, 2, 3, 7, 8, 9, 63, 64, 65, 100, 511, 512, 513, 1000, 4
 # Upper 0.001 quantile of the standard normal, for the Wilson-Hilferty chi-square quantile.
 Z_999 = 3.090232306167813
 
-SEGMENT_PREFIX = "cpprb_ray_test_"
+# With this process's pid: the leak check of another test run on this host leaves a raw file
+# (no buffer header) alone only when its name says whose it is (tests/conftest.py).
+SEGMENT_PREFIX = f"cpprb_ray_test_{os.getpid()}_"
 
 # A spawned child runs this file through runpy under this name (see the end of the file), so it
 # needs neither the tests directory on sys.path nor pytest's module name for this file.
