@@ -19,7 +19,6 @@ from libc.string cimport memcpy
 
 from cpprb_ray._limiter cimport LIMITER_NONE, Limiter, limiter_admits
 from cpprb_ray._prefetch cimport prefetch
-from cpprb_ray._rules cimport leaf_weight
 from cpprb_ray._segment cimport (LIMITER_AT, MUTEX_AT, OP_ADD, OP_CLEAR, OP_NONE, OP_UPDATE,
                                  ST_ALL_TORN, ST_ALL_ZERO, ST_CORRUPT, ST_EMPTY, ST_LOCK_ERROR,
                                  ST_LOCK_TIMEOUT, ST_NAN_TREE, ST_OK, Header, header_problem)
@@ -53,47 +52,9 @@ cdef enum:
     GATHER_AHEAD = 8      # records asked for ahead of their use, so that misses overlap
 
 
-cdef void copy_field(uint8_t* dst, const uint8_t* src, int64_t size) noexcept nogil:
-    # Small fixed sizes are the common case (scalars, float32[4]); let the compiler inline them.
-    if size == 4:
-        memcpy(dst, src, 4)
-    elif size == 8:
-        memcpy(dst, src, 8)
-    elif size == 16:
-        memcpy(dst, src, 16)
-    else:
-        memcpy(dst, src, <size_t>size)
-
-
-cdef uint64_t* generation_of(const StoreView* view, int64_t slot) noexcept nogil:
-    return <uint64_t*>(view.rows + slot * view.stride)
-
-
-cdef void prefetch_record(const StoreView* view, int64_t slot) noexcept nogil:
-    cdef const uint8_t* record = view.rows + slot * view.stride
-    cdef int64_t line
-    for line in range(0, view.stride, 64):
-        prefetch(record + line)
-
-
 cdef void publish(uint64_t* op, uint64_t value) noexcept nogil:
     """publish_op for the modules that write what a repair reads (_lanes)."""
     publish_op(op, value)
-
-
-cdef double row_weight(const double* weights, int64_t row, const Header* header,
-                       double* weight_of_max) noexcept nogil:
-    """The leaf weight of an added row: its given weight, or for a row without one (`weights`
-    NULL, or NaN there) the weight of the largest priority seen, read under the lock as every
-    add reads it (`weight_of_max`: that weight once computed, < 0 before)."""
-    cdef double weight
-    if weights != NULL:
-        weight = weights[row]
-        if weight == weight:
-            return weight
-    if weight_of_max[0] < 0.0:
-        weight_of_max[0] = leaf_weight(header.max_priority, header.eps, header.alpha)
-    return weight_of_max[0]
 
 
 # -- the ring's part: rows fill the slots below the stored size, in order ----------------------
