@@ -95,19 +95,36 @@ cdef inline void prefetch_record(const StoreView* view, int64_t slot) noexcept n
         prefetch(record + line)
 
 
-cdef inline double row_weight(const double* weights, int64_t row, const Header* header,
-                              double* weight_of_max) noexcept nogil:
-    """The leaf weight of an added row: its given weight, or for a row without one (`weights`
+# The largest priority seen so far in one add, and its leaf weight: what a row that comes
+# without a priority gets (as it would from adds of one row each, in the batch's order).
+cdef struct MaxWeight:
+    double priority
+    double weight            # (< 0: not computed for this priority yet)
+
+
+cdef inline void max_weight_start(MaxWeight* seen, const Header* header) noexcept nogil:
+    seen.priority = header.max_priority
+    seen.weight = -1.0
+
+
+cdef inline double row_weight(const double* weights, const double* priorities, int64_t row,
+                              const Header* header, MaxWeight* seen) noexcept nogil:
+    """The leaf weight of an added row: its given weight; or for a row without one (`weights`
     NULL, or NaN there) the weight of the largest priority seen, read under the lock as every
-    add reads it (`weight_of_max`: that weight once computed, < 0 before)."""
+    add reads it, and raised by the priorities given to the add's earlier rows (`seen`: call
+    this for every row, skipped ones included, in order)."""
     cdef double weight
     if weights != NULL:
         weight = weights[row]
         if weight == weight:
+            if priorities != NULL and priorities[row] > seen.priority:
+                seen.priority = priorities[row]
+                seen.weight = -1.0
             return weight
-    if weight_of_max[0] < 0.0:
-        weight_of_max[0] = leaf_weight(header.max_priority, header.eps, header.alpha)
-    return weight_of_max[0]
+    if seen.weight < 0.0:
+        seen.weight = leaf_weight(seen.priority, header.eps, header.alpha)
+    return seen.weight
+
 
 cdef void view_bind(StoreView* view, uint8_t* base, const int64_t* columns,
                     const int64_t* row_bytes, int column_count) noexcept nogil

@@ -191,7 +191,7 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
     """Write `count` rows (each column's `sources` holds them back to back); returns the first
     slot written. `weights` are the rows' leaf weights and `priorities` their raw priorities
     (NULL: none given; a NaN in both: that row's not given): a row without one gets the weight
-    of the largest priority seen (row_weight)."""
+    of the largest priority seen, its earlier rows' included (row_weight)."""
     cdef Header* h = view.header
     cdef int64_t capacity = view.capacity
     cdef int64_t skipped = count - capacity if count > capacity else 0
@@ -199,9 +199,13 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
     cdef int64_t start = (<int64_t>h.next_index + skipped) % capacity
     cdef int64_t first_part = min(written, capacity - start)
     cdef int64_t k, slot, c, size
-    cdef double weight, weight_of_max = -1.0, max_priority = h.max_priority
+    cdef double weight, max_priority = h.max_priority
+    cdef MaxWeight seen
     cdef uint8_t* record
     cdef uint64_t* generation
+    max_weight_start(&seen, h)
+    for k in range(skipped):    # rows a full ring never writes still raise what the rest see
+        row_weight(weights, priorities, k, h, &seen)
     # 1. Say what we are about to do, so a repairer can undo it.
     h.pending_start = start
     h.pending_count = written
@@ -221,7 +225,7 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
             size = view.row_bytes[c]
             copy_field(record + view.columns[c], sources[c] + (skipped + k) * size, size)
         if view.prioritized:
-            weight = row_weight(weights, skipped + k, h, &weight_of_max)
+            weight = row_weight(weights, priorities, skipped + k, h, &seen)
             # A zero weight is kept out of min() (weights divide by it) like an unset leaf.
             view.tree.sums[slot] = weight if weight > 0.0 else unset_leaf()
     if view.prioritized:

@@ -28,7 +28,8 @@ laned buffer's rows are, without knowing lanes.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 
-from cpprb_ray._core cimport StoreView, generation_of, publish, row_weight
+from cpprb_ray._core cimport (MaxWeight, StoreView, generation_of, max_weight_start, publish,
+                              row_weight)
 from cpprb_ray._segment cimport (LINK_DEAD, LINK_FILLER, OP_ADD, OP_NONE, OP_UPDATE,
                                  ROW_INCOMPLETE, ST_CORRUPT, ST_LANE_FULL, ST_LANE_LOST, ST_NO_LANE,
                                  Header, Lane)
@@ -360,7 +361,8 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
     cdef const FrameColumn* f
     cdef uint8_t* record
     cdef uint64_t* generation
-    cdef double weight, weight_of_max = -1.0, max_priority = h.max_priority
+    cdef double weight, max_priority = h.max_priority
+    cdef MaxWeight seen
     cdef bint cached
     if lane.owner_token != a.token:
         return ST_LANE_LOST
@@ -436,6 +438,7 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
         evict_oldest(view, a.lane, head + total,
                      <int64_t>h.stored_size + a.count - view.lanes.rows)
     # 4. Write: each transition's fillers, then its own slot.
+    max_weight_start(&seen, h)
     k = 0
     for row in range(a.count):
         fillers = a.plan[2 * row]
@@ -458,7 +461,7 @@ cdef int64_t lanes_add(StoreView* view, LaneAdd* a) noexcept nogil:
             ahead_of(view, slot)[0] = ROW_INCOMPLETE if a.incomplete and delta == 0 else 0
             if delta == 0:
                 link_of(view, slot)[0] = <int32_t>back
-                weight = row_weight(a.weights, row, h, &weight_of_max)
+                weight = row_weight(a.weights, a.priorities, row, h, &seen)
                 view.tree.sums[slot] = (weight if weight > 0.0 and not a.incomplete
                                         else unset_leaf())
                 if a.out_slots != NULL:
@@ -500,8 +503,10 @@ cdef int64_t lanes_complete(StoreView* view, LaneComplete* a) noexcept nogil:
     is incomplete (never sampled) or complete and exact; the repair rebuilds the tree."""
     cdef Header* h = view.header
     cdef int64_t k, slot, last, lane, first, size, column, field, ahead, done = 0
-    cdef double weight, weight_of_max = -1.0, max_priority = h.max_priority
+    cdef double weight, max_priority = h.max_priority
+    cdef MaxWeight seen
     cdef uint8_t* record
+    max_weight_start(&seen, h)
     publish(&h.op, OP_UPDATE)
     for k in range(a.count):
         slot = a.slots[k]
@@ -528,7 +533,7 @@ cdef int64_t lanes_complete(StoreView* view, LaneComplete* a) noexcept nogil:
                 memcpy(record + view.columns[column], a.sources[column] + k * field,
                        <size_t>field)
         ahead_of(view, slot)[0] = <int32_t>ahead
-        weight = row_weight(a.weights, k, h, &weight_of_max)
+        weight = row_weight(a.weights, a.priorities, k, h, &seen)
         if a.priorities != NULL and a.priorities[k] > max_priority:
             max_priority = a.priorities[k]     # (a NaN, a row without one, is never larger)
         view.tree.sums[slot] = weight if weight > 0.0 else unset_leaf()

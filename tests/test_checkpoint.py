@@ -250,7 +250,7 @@ def test_save_while_other_processes_add_and_update(backend, tmp_path, capacity):
                 time.sleep(0.02)
                 files.append(tmp_path / f"rb{k}.ckpt")
                 rb.save(files[-1])
-            holds = rb._store.dump()[0]["lock_holds"]
+            holds = rb._image.dump()[0]["lock_holds"]
             stride = rb._layout.row_stride
             # A start, a hold per 4 MiB of rows (one whole copy only if writers outpaced it
             # three times), and the last.

@@ -520,7 +520,7 @@ def test_a_corrupt_tree_node_gives_the_corrupt_segment_error_never_bad_weights(c
         rb.add(obs=np.ones((capacity, 4)), rew=np.zeros(capacity), priorities=priorities)
         tree_offset, _ = tree_offset_and_padding(rb)
         nodes = np.frombuffer(rb._segment.memory, dtype=np.float64, offset=tree_offset,
-                              count=_store.tree_nbytes(capacity) // 8)
+                              count=_segment.tree_nbytes(capacity) // 8)
         intact = nodes.copy()
         try:
             for node in range(len(nodes)):

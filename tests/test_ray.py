@@ -135,32 +135,30 @@ def test_actors_killed_idle_and_while_adding(ray_session, backend):
 
 def test_a_proxy_adds_a_batch_whole_or_not_at_all(ray_session, backend):
     """A remote handle's batch reaches the buffer through its proxy's add: checked whole before
-    anything is written, one store add, true counts. A 4-row batch whose second run had
-    priority -1.0 raised but left 2 rows; a run (0, 10**9) added 2 rows and reported 10**9."""
-    from cpprb_ray import _proxy
+    anything is written, one store add, true counts. (A 4-row batch whose later rows had
+    priority -1.0 raised but left the earlier rows, when the proxy made one add per run of rows
+    with and without priorities.)"""
+    from cpprb_ray.remote import _proxy
 
     nan = float("nan")
     with cpprb_ray.PrioritizedReplayBuffer(16, {"obs": {}}, backend=backend) as rb, \
             cpprb_ray.PrioritizedReplayBuffer(16, {"obs": {}}, backend=backend) as local:
         actor = _proxy.proxy_class(ray).remote(rb.backend, rb.name, rb._layout.token)
         obs = np.arange(4.0)
-        bad = [([obs], np.array([nan, nan, -1.0, 1.0]), [(0, 2, False), (2, 4, True)],
-                ValueError, "priorities"),
-               ([obs[:2]], None, [(0, 10**9, False)], ValueError, "cover the batch's 2 rows"),
-               ([obs], None, [(0, 2, False)], ValueError, "cover the batch's 4 rows"),
-               ([obs], None, [(0, 2, False), (1, 4, False)], ValueError, "in order"),
-               ([obs, obs[:3]], None, [(0, 4, False)], ValueError, "different numbers of rows"),
-               ([obs], None, [(0, 4, True)], ValueError, "none were sent")]
-        for arrays, priorities, runs, error, words in bad:
+        bad = [([obs], np.array([nan, nan, -1.0, 1.0]), ValueError, "priorities"),
+               ([obs], np.array([1.0, 2.0]), ValueError, "priorities"),
+               ([obs, obs[:3]], None, ValueError, "column"),
+               ([obs[:2].reshape(2, 1), obs], None, ValueError, "column")]
+        for arrays, priorities, error, words in bad:
             with pytest.raises(error, match=words):
-                ray.get(actor.add.remote(arrays, priorities, runs, None), timeout=TIMEOUT)
+                ray.get(actor.add.remote(arrays, priorities, None), timeout=TIMEOUT)
             assert rb.get_stored_size() == 0 and rb.stats()["inserts"] == 0
 
-        # Mixed runs: one add, the rows without a priority weighted as local adds in that
-        # order weigh them (the largest priority seen so far).
-        first, count = ray.get(actor.add.remote(
-            [obs], np.array([nan, 5.0, nan, 2.0]),
-            [(0, 1, False), (1, 2, True), (2, 3, False), (3, 4, True)], None), timeout=TIMEOUT)
+        # Rows with and without priorities in one batch: one add, the rows without one
+        # weighted as local adds in that order weigh them (the largest priority seen so far,
+        # the batch's own earlier rows included).
+        first, count = ray.get(actor.add.remote([obs], np.array([nan, 5.0, nan, 2.0]), None),
+                               timeout=TIMEOUT)
         assert (first, count) == (0, 4)
         assert rb.get_stored_size() == 4 and rb.stats()["inserts"] == 4
         local.add(obs=obs[:1])
