@@ -178,13 +178,14 @@ DEBUG_TESTS := tests/test_segtree.py tests/test_sync.py tests/test_doctests.py t
     tests/test_bad_input.py tests/test_defects.py tests/test_mapping.py
 
 # $(call checking_venv,DIR): a fresh venv in DIR with what a checking build (debug, sanitizer)
-# needs to build and run the extension tests; nothing else.
+# needs to build and run the extension tests (gymnasium: the docstring examples of cpprb_ray.util
+# build their spaces); nothing else.
 define checking_venv
 	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 found" >&2; exit 1; }
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel "Cython>=3.1"
-	$(1)/bin/python -m pip install $(PIP_FLAGS) numpy pytest hypothesis cloudpickle
+	$(1)/bin/python -m pip install $(PIP_FLAGS) numpy pytest hypothesis cloudpickle gymnasium
 	touch $(1)/.deps
 endef
 

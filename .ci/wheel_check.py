@@ -30,6 +30,12 @@ def check_contents(dist):
     for name in EXTENSIONS:
         if f"cpprb_ray/{name}.pyx" not in names:
             problems.append(f"sdist lacks cpprb_ray/{name}.pyx")
+    # Every Cython source of the checkout (run from its root): a missing .pxd or an included .pxi
+    # fails the build from the sdist, far from the MANIFEST.in line that left it out.
+    for pattern in ("*.pyx", "*.pxd", "*.pxi"):
+        for path in sorted(glob.glob(os.path.join("cpprb_ray", pattern))):
+            if path.replace(os.sep, "/") not in names:
+                problems.append(f"sdist lacks {path} (MANIFEST.in)")
     for name in ("setup.py", "pyproject.toml", "README.md", "cpprb_ray/py.typed"):
         if name not in names:
             problems.append(f"sdist lacks {name}")
