@@ -333,3 +333,39 @@ def test_writers_killed_mid_add_leave_nothing_torn():
             if rb.get_stored_size():
                 streams.check(rb.sample(32), seed_of)
         assert tree_problems(rb._store.check_tree()) == []
+
+
+def test_ray_actor_writers(request):
+    pytest.importorskip("ray")    # (the debug and sanitizer venvs have no Ray)
+    ray = request.getfixturevalue("ray_session")
+    seed_of = streams.seed_of_stream
+
+    @ray.remote(num_cpus=0)
+    class Writer:
+        def __init__(self, rb, stream):
+            self.rb = rb
+            self.source = streams.Stream(stream, seed_of(stream))
+
+        def run(self, adds):
+            streams.write(self.rb, self.source, adds)
+            return self.rb._writer.lane
+
+        def close(self):
+            self.rb.close()
+
+    with make(PrioritizedReplayBuffer, 2 * 60, lanes=2) as rb:
+        writers = [Writer.remote(rb, stream) for stream in (0, 1)]
+        runs = [w.run.remote(150) for w in writers]
+        checked = 0
+        while ray.wait(runs, num_returns=2, timeout=0)[1]:   # a learner meanwhile
+            if rb.get_stored_size():
+                batch = rb.sample(16)
+                checked += streams.check(batch, seed_of)
+                rb.update_priorities(batch["indexes"], np.ones(16), batch["generations"])
+        assert sorted(ray.get(runs)) == [0, 1]
+        everything = rb.get_all_transitions()
+        streams.check(everything, seed_of)
+        assert {s for s, _, _ in live_set(everything)} == {0, 1}
+        ray.get([w.close.remote() for w in writers])
+        for w in writers:
+            ray.kill(w)
