@@ -24,7 +24,7 @@ kills with every sequence that has a step in the torn slots.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
-from cpprb_ray._core cimport StoreView, generation_of, publish
+from cpprb_ray._core cimport StoreView, copy_field, generation_of, publish
 from cpprb_ray._lanes cimport lane_of, lane_start, refresh_lane_run
 from cpprb_ray._rules cimport leaf_weight
 from cpprb_ray._segment cimport (LINK_DEAD, OP_ADD, OP_NONE, ST_CORRUPT, ST_LANE_FULL,
@@ -231,7 +231,7 @@ cdef int64_t seq_add(StoreView* view, SeqAdd* a) noexcept nogil:
         generation[0] = (generation[0] | 1) + 1
         for c in range(view.column_count):
             field = view.row_bytes[c]
-            memcpy(record + view.columns[c], a.sources[c] + i * field, <size_t>field)
+            copy_field(record + view.columns[c], a.sources[c] + i * field, field)
         view.tree.sums[slot] = unset_leaf()
         link_of(view, slot)[0] = LINK_DEAD
         if s.position % a.period == 0 and s.open_count < s.open_room:
@@ -308,7 +308,7 @@ cdef int64_t seq_gather(StoreView* view, const int64_t* indexes, int64_t batch, 
             record = view.rows + step * view.stride
             for c in range(view.column_count):
                 field = view.row_bytes[c]
-                memcpy(outputs[c] + (at + j) * field, record + view.columns[c], <size_t>field)
+                copy_field(outputs[c] + (at + j) * field, record + view.columns[c], field)
         if valid < length:
             for c in range(view.column_count):
                 field = view.row_bytes[c]
