@@ -1,6 +1,6 @@
 """``sample(..., out=batch)`` allocates nothing: counted with tracemalloc over 1,000 calls on
 every sampler of a handle that sees its segment (the ring's, uniform and prioritized, with
-check_for_update, and the lanes', with and without frames).
+check_for_update, the lanes', with and without frames, and the sequences').
 
 tracemalloc sees every Python object and every numpy array's data (numpy reports its buffers
 to it). The peak of traced memory across the calls, above what was traced before them, must
@@ -30,6 +30,7 @@ CASES = {
     "lanes-prioritized": (PrioritizedReplayBuffer, ENV, {"lanes": 2}),
     "frames": (PrioritizedReplayBuffer, FRAMES_ENV,
                {"next_of": "obs", "stack_compress": "obs"}),
+    "sequences": (PrioritizedReplayBuffer, ENV, {"sequence": {"length": 4}, "lanes": 2}),
 }
 
 
