@@ -19,6 +19,7 @@ import numpy as np
 ENV = {"obs": {"shape": 4}, "core": {"shape": (2, 3)}, "act": {"dtype": np.int64}, "done": {}}
 LENGTH = 6
 PERIOD = 3
+TERMINAL_ONLY = 10_000
 
 
 def step(stream: int, episode: int, t: int, last: bool, terminal: bool) -> Dict[str, np.ndarray]:
@@ -35,7 +36,8 @@ def episode_of(seed: int, episode: int, length: int = LENGTH) -> Tuple[int, bool
     random = np.random.default_rng([seed, episode])
     steps = int(random.choice([1, 2, length - 1, length, length + 1, 2 * length + 2,
                                int(random.integers(1, 4 * length))]))
-    return max(steps, 1), bool(random.random() < 0.5)
+    # Streams of seeds from TERMINAL_ONLY on end every episode with done=1 (big adds).
+    return max(steps, 1), bool(random.random() < 0.5) or seed >= TERMINAL_ONLY
 
 
 def expected(seed_of, stream: int, episode: int, start: int, length: int = LENGTH):
@@ -111,7 +113,8 @@ class Stream:
 
 
 def seed_of_stream(stream: int) -> int:
-    return 500 + stream
+    """The seed of a stream's episodes; streams from 100 on end every episode with done=1."""
+    return 500 + stream if stream < 100 else TERMINAL_ONLY + stream
 
 
 def write(rb, source: Stream, adds: int, random=None) -> list:
@@ -144,4 +147,33 @@ def write_until_killed(sender, handle, stream: int) -> None:
         write(rb, source, 1, random)
         if not told:
             sender.send((os.getpid(), rb._writer.lane))
+            told = True
+
+
+def write_big_until_killed(sender, handle, stream: int, steps: int) -> None:
+    """A writer process whose adds are `steps` steps each (whole episodes, every one ending with
+    done=1, from a stream >= 100), so that most of its time is spent inside the add's kernel,
+    holding the lock: a SIGKILL then leaves the next locker a repair."""
+    rb = handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    seed = seed_of_stream(stream)
+    rows = []
+    episode = 0
+    while len(rows) < 2 * steps:
+        length, _ = episode_of(seed, episode)
+        rows += [step(stream, episode, t, t == length - 1, True) for t in range(length)]
+        episode += 1
+    batch = {name: np.stack([row[name] for row in rows]) for name in ENV}
+    told = False
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for start in range(0, len(rows) - steps + 1, steps):
+            # (Each piece but the first starts inside an episode that began in the one
+            # before: the stream goes on across adds.)
+            rb.add(**{name: column[start:start + steps] for name, column in batch.items()})
+        if len(rows) % steps:
+            rb.add(**{name: column[len(rows) - len(rows) % steps:]
+                      for name, column in batch.items()})
+        if not told:
+            sender.send(os.getpid())
             told = True

@@ -372,3 +372,29 @@ def test_ray_actor_writers(request):
         ray.get([w.close.remote() for w in writers])
         for w in writers:
             ray.kill(w)
+
+
+def test_writers_killed_inside_big_adds_are_repaired():
+    # Adds of 1,500 steps: most kills land inside the kernel, holding the lock, and the next
+    # locker repairs (tears the add's steps, kills every sequence with a torn step). Rounds go
+    # on until two repairs were seen (or 30 rounds); every sequence stays the oracle's.
+    context = multiprocessing.get_context("spawn")
+    seed_of = streams.seed_of_stream
+    random = np.random.default_rng(5)
+    with make(PrioritizedReplayBuffer, 2 * 2000, lanes=2) as rb, Children(context) as children:
+        for round_ in range(30):
+            process, said = children.launch(streams.write_big_until_killed, rb, 100 + round_,
+                                            1500)
+            assert said.poll(60)
+            said.recv()
+            time.sleep(float(random.uniform(0.0, 0.02)))
+            os.kill(process.pid, signal.SIGKILL)
+            children.join(process)
+            everything = rb.get_all_transitions()
+            streams.check(everything, seed_of)
+            assert len(everything["mask"]) == rb.get_stored_size()
+            streams.check(rb.sample(64), seed_of)
+            assert tree_problems(rb._store.check_tree()) == []
+            if rb.stats()["repairs"] >= 2:
+                break
+        assert rb.stats()["repairs"] >= 1
