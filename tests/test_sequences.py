@@ -398,3 +398,22 @@ def test_writers_killed_inside_big_adds_are_repaired():
             if rb.stats()["repairs"] >= 2:
                 break
         assert rb.stats()["repairs"] >= 1
+
+
+def test_close_commits_open_sequences_and_check_for_update_skips_overwritten():
+    env = {"obs": {}, "done": {}}
+    with PrioritizedReplayBuffer(16, env, seed=0, check_for_update=True, lanes=2,
+                                 sequence={"length": 4, "period": 4}) as rb:
+        view = PrioritizedReplayBuffer.attach(rb.name)
+        view.add(obs=[1.0, 2.0, 3.0], done=[0, 0, 0])
+        assert rb.get_stored_size() == 0                  # open
+        view.close()                                      # a truncated end: committed
+        everything = rb.get_all_transitions()
+        assert everything["obs"][:, :, 0].tolist() == [[1, 2, 3, 0]]
+        rb.add(obs=np.arange(10.0, 18.0), done=np.zeros(8))
+        batch = rb.sample(4)
+        rb.add(obs=np.arange(20.0, 28.0), done=np.zeros(8))   # a lap of rb's lane
+        # check_for_update: no generations given, the sampled ones now overwritten skipped
+        # (the view's sequence, in the other lane, stays).
+        kept = int((batch["obs"][:, 0, 0] == 1.0).sum())
+        assert rb.update_priorities(batch["indexes"], np.full(4, 3.0)) == kept
