@@ -380,11 +380,13 @@ class RemoteStore:
 
     # -- a laned buffer's writer in the proxy -------------------------------------------------
 
-    def lane_parts(self, config: Any, nstep_config: Any) -> Tuple[Any, Any]:
+    def lane_parts(self, config: Any, nstep_config: Any,
+                   episodes: bool = False) -> Tuple[Any, Any]:
         """(writer, sampler) of a remote handle of a laned buffer (:func:`cpprb_ray._parts
         .choose` asks): its writer, N-step staging included, lives in the proxy, one per
         handle; draws go through the proxy's sampler. The queue holds the columns that writer's
-        add takes."""
+        add takes. `episodes`: that writer keeps an episode which on_episode_end ends, without
+        N-step too (a sequence buffer's)."""
         if self._client is None:
             self._client = secrets.randbits(63) | 1
         public = config.columns()
@@ -392,7 +394,15 @@ class RemoteStore:
                          if nstep_config is None or c.name != nstep.DISCOUNTS]
         self._row_bytes = sum(c.row_bytes for c in self._columns)
         return (RemoteLaneWriter(self, public, config.rows or self.capacity,
-                                 nstep_config is not None), RemoteLaneSampler(self))
+                                 nstep_config is not None, episodes), RemoteLaneSampler(self))
+
+    def sequence_outputs(self, length: int) -> None:
+        """A sequence buffer's handle (:mod:`cpprb_ray.sequences`): what a sample returns (and
+        out= must hold) is every column as `length` steps, then "mask"."""
+        names = [c.name for c in self._columns]
+        self._outputs = SampleOutputs(
+            names + ["mask"], [(length,) + tuple(c.shape) for c in self._columns] + [(length,)],
+            [c.dtype for c in self._columns] + [np.dtype(np.bool_)], weights=self.prioritized)
 
     def _writer_call(self, method: str, *args: Any, waits: bool = False) -> Any:
         """A call of this handle's writer in the proxy (made there by the first), with this
@@ -523,12 +533,15 @@ class RemoteLaneWriter:
     over the lane: its lane, frame cache and N-step staging are there)."""
 
     def __init__(self, store: RemoteStore, columns: List[Any], size: int,
-                 with_nstep: bool) -> None:
+                 with_nstep: bool, episodes: bool = False) -> None:
         self._store = store
         self.add = store.add
         self.columns = columns      # the public columns (N-step's discounts included)
         self.size = size
         self._nstep = with_nstep
+        # Whether the writer in the proxy keeps an episode that on_episode_end ends (N-step
+        # staging, or a sequence buffer's stream and open sequences).
+        self._episodes = with_nstep or episodes
 
     @property
     def staged(self) -> Optional[int]:
@@ -539,7 +552,7 @@ class RemoteLaneWriter:
         """on_episode_end: send the queue, then the writer in the proxy commits its staged
         steps (waiting as a local one does for a rate limiter)."""
         seconds = _rules.as_timeout(timeout)   # refused alike, with nothing to commit
-        if not self._nstep or self._store.closed:
+        if not self._episodes or self._store.closed:
             return
         wait = None if seconds < 0 else seconds
         self._store.writer_call("lane_end", wait, waits=self._store.limited)
