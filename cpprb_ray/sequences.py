@@ -288,8 +288,12 @@ def parts(store: Any, layout: Any, lane_config: frames.LaneConfig, config: Seque
           location: str) -> Tuple[SequenceWriter, SequenceSampler]:
     """(writer, sampler) of a handle on a sequence buffer's `store`."""
     if getattr(store, "is_remote", False):
-        raise ValueError("a sequence buffer has no remote handles yet: use it on the node that "
-                         "holds its segment")
+        # A remote handle (cpprb_ray.remote): its writer, a SequenceWriter with its stream, lives
+        # in the buffer's proxy (chosen there by _parts.choose), one per handle; its draws go
+        # through the proxy's sampler.
+        parts_pair = store.lane_parts(lane_config, None, episodes=True)
+        store.sequence_outputs(config.length)
+        return parts_pair
     lanes = frames.lane_store(store, layout, lane_config, location)
     sequences = SequenceStore(lanes, config.length, config.period, config.eta,
                               lane_config.public)

@@ -25,6 +25,7 @@ sys.path.insert(0, TESTS_DIR)
 
 import _frame_streams as streams  # noqa: E402
 import _nstep_reference as reference  # noqa: E402
+import _sequence_streams as sequence_streams  # noqa: E402
 import _workers  # noqa: E402
 import ray  # noqa: E402
 from _workers import ENV, rows  # noqa: E402
@@ -236,6 +237,23 @@ class RemoteUser:
         applied = rb.update_priorities(batch["indexes"], np.full(32, 2.0), batch["generations"])
         return {"checked": checked, "refilled": again["obs"] is batch["obs"],
                 "applied": applied, "weights": batch["weights"].dtype.name}
+
+    def sequences(self, stream: int, adds: int) -> Dict[str, Any]:
+        """Episodes of a sequence stream (adds of 1 to 7 steps with per-step priorities, done
+        and on_episode_end ends), then a sample here checked against the oracle, updated."""
+        rb = self.rb
+        seed_of = sequence_streams.seed_of_stream
+        source = sequence_streams.Stream(stream, seed_of(stream))
+        sequence_streams.write(rb, source, adds, np.random.default_rng(stream))
+        sequence_streams.finish_episode(rb, source)
+        batch = rb.sample(16)
+        checked = sequence_streams.check(batch, seed_of)
+        again = rb.sample(16, out=batch)
+        checked += sequence_streams.check(again, seed_of)
+        applied = rb.update_priorities(batch["indexes"], np.full(16, 2.0), batch["generations"])
+        rb.close()      # (its open sequences committed as a truncated end, its lane given back)
+        return {"checked": checked, "applied": applied, "shape": list(batch["obs"].shape),
+                "refilled": again["mask"] is batch["mask"]}
 
     def frames_forever(self, stream: int, seed: int) -> None:
         """Frame transitions until killed, sent every few rows, with a short writer lease."""
@@ -659,6 +677,31 @@ def check_laned_frames(user: Any, here: str) -> None:
         rb.close()
 
 
+def check_laned_sequences(user: Any, here: str) -> None:
+    """A sequence buffer (sequence=) in 2 lanes, written by a remote handle whose writer (its
+    stream, its open sequences) lives in the proxy: the owner samples meanwhile, every sequence
+    step by step the oracle's; the remote handle samples and updates through the proxy."""
+    seed_of = sequence_streams.seed_of_stream
+    rb = cpprb_ray.PrioritizedReplayBuffer(
+        2 * 60, sequence_streams.ENV, lanes=2, seed=1,
+        sequence={"length": sequence_streams.LENGTH, "period": sequence_streams.PERIOD})
+    try:
+        kept = ray.get(user.keep.remote(rb), timeout=TIMEOUT)
+        assert kept["remote"] is True, kept
+        writing = user.sequences.remote(4, 150)
+        checked = sample_while(rb, writing, lambda batch: sequence_streams.check(batch, seed_of))
+        found = ray.get(writing, timeout=TIMEOUT)
+        assert found["checked"] == 32 and found["shape"] == [16, sequence_streams.LENGTH, 4]
+        assert found["refilled"] is True, found
+        assert 0 < found["applied"] <= 16, found
+        everything = rb.get_all_transitions()
+        assert sequence_streams.check(everything, seed_of) == rb.get_stored_size() > 10
+        print(f"laned sequences: {checked} sampled while the remote handle wrote", flush=True)
+        assert _workers.tree_problems(rb._store.check_tree()) == []
+    finally:
+        rb.close()
+
+
 def check_laned_nstep(user: Any, here: str) -> None:
     """N-step in lanes through remote handles: with frames, every row sampled while the
     remote writer adds, and every row at the end, equals a local twin's (without frames or
@@ -754,6 +797,7 @@ CHECKS = {"tasks_and_actors": check_tasks_and_actors, "nstep": check_nstep,
           "rate_limiter": check_rate_limiter, "flushes": check_flushes,
           "owner_died": check_owner_died, "failures": check_failures,
           "laned_frames": check_laned_frames, "laned_nstep": check_laned_nstep,
+          "laned_sequences": check_laned_sequences,
           "owner_node_died": check_owner_node_died}
 
 

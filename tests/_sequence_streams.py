@@ -112,6 +112,21 @@ class Stream:
                    names)
 
 
+def finish_episode(rb, source: Stream) -> None:
+    """Write the rest of `source`'s current episode (if it is inside one) and end it as the
+    oracle does (done=1, or on_episode_end): a close() after it truncates nothing."""
+    if source.t == 0:
+        return
+    rows = [step(source.stream, source.episode, t, t == source.steps - 1, source.terminal)
+            for t in range(source.t, source.steps)]
+    rb.add(**{name: np.stack([row[name] for row in rows]) for name in ENV})
+    if not source.terminal:
+        rb.on_episode_end()
+    source.episode += 1
+    source.t = 0
+    source.steps, source.terminal = episode_of(source.seed, source.episode, source.length)
+
+
 def seed_of_stream(stream: int) -> int:
     """The seed of a stream's episodes; streams from 100 on end every episode with done=1."""
     return 500 + stream if stream < 100 else TERMINAL_ONLY + stream

@@ -105,6 +105,12 @@ def test_laned_buffers_through_remote_writers(remote_results):
     _check(remote_results, "laned_nstep")
 
 
+def test_sequence_buffers_through_remote_writers(remote_results):
+    """A sequence buffer written by a remote handle (its writer, with its stream, in the
+    proxy): every sequence sampled meanwhile and at the end is, step by step, the oracle's."""
+    _check(remote_results, "laned_sequences")
+
+
 def test_the_owners_node_dies(remote_results):
     """The owner on the second node, a client on the head; the second node SIGKILLed whole,
     as a host that dies: the client's calls raise RemoteBufferError within its call timeout."""
