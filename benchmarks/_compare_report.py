@@ -218,7 +218,9 @@ def markdown(payload: Dict[str, Any], detail: bool) -> str:
                                  _apex_table),
                                 ("frames", "Frames (bench_frames.py)", _frames_table),
                                 ("writers", "The learner under many writers (bench_writers.py)",
-                                 _writers_table)):
+                                 _writers_table),
+                                ("sequences", "Sequences (bench_sequences.py)",
+                                 _frames_table)):
         record = extras.get(name)
         if record is None:
             continue

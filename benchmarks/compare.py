@@ -38,7 +38,9 @@ Then the workloads of the other benchmarks, through their own commands (short ru
   "median_us": float, "min_us": float, "max_us": float}, ...]}`` (other keys are kept in
   results.json as they are);
 - the learner under many writers: ``bench_writers.py [--quick] --json FILE``, under
-  .venv-reverb's interpreter when there is one (Reverb included), else this one.
+  .venv-reverb's interpreter when there is one (Reverb included), else this one;
+- sequences: ``bench_sequences.py [--quick] --json FILE``, under .venv-torchrl's interpreter
+  when there is one (TorchRL's PrioritizedSliceSampler included), else this one.
 
 With --quick, each section starts only if what it takes (its estimate) fits in what is left of
 the promised time, and is stopped at the promised end; a section not run says why.
@@ -97,7 +99,8 @@ STOP_GRACE_S = 20
 #: this fits in what is left): from runs at load average 6 to 7 (cpprb 9, rllib 13, tianshou
 #: 64, torchrl 33, reverb 139, apex 55 s), scaled down, with a margin.
 QUICK_ESTIMATE_S = {"cpprb": 10, "rllib": 12, "tianshou": 45, "torchrl": 28, "reverb": 85,
-                    "apex": 40, "multi_node": 45, "frames": 20, "writers": 75}
+                    "apex": 40, "multi_node": 45, "frames": 20, "writers": 75,
+                    "sequences": 30}
 
 #: What --sections can name: the groups, then the other benchmarks.
 SECTIONS = tuple(workloads.GROUPS) + ("apex", "multi_node", "frames", "writers")
@@ -248,7 +251,8 @@ def extra_commands(quick: bool, work_dir: str, pythons: Dict[str, str]
     """(name, command or None, its JSON path, why not when None) of every other benchmark.
 
     `pythons`: the groups' interpreters; bench_writers.py runs under the reverb group's, so
-    that Reverb is among its libraries where .venv-reverb exists."""
+    that Reverb is among its libraries where .venv-reverb exists, and bench_sequences.py
+    under the torchrl group's (TorchRL's slice sampler beside ours)."""
     python = sys.executable
     out = []
     apex = os.path.join(HERE, "bench_apex.py")
@@ -269,6 +273,12 @@ def extra_commands(quick: bool, work_dir: str, pythons: Dict[str, str]
     if not os.access(writers_python, os.X_OK):
         writers_python = python
     out.append(("writers", [writers_python, os.path.join(HERE, "bench_writers.py")] +
+                (["--quick"] if quick else []) + ["--json", path], path, ""))
+    path = os.path.join(work_dir, "sequences.json")
+    sequences_python = pythons.get("torchrl", python)
+    if not os.access(sequences_python, os.X_OK):
+        sequences_python = python
+    out.append(("sequences", [sequences_python, os.path.join(HERE, "bench_sequences.py")] +
                 (["--quick"] if quick else []) + ["--json", path], path, ""))
     return out
 
@@ -438,7 +448,7 @@ def main(argv=None) -> int:
             bar.close()
     if args.smoke:
         extra_results = {name: {"skipped": "not run with --smoke"}
-                         for name in ("apex", "multi_node", "frames", "writers")}
+                         for name in ("apex", "multi_node", "frames", "writers", "sequences")}
     info["wall_s"] = time.perf_counter() - started
     info["load_average_after"] = os.getloadavg()
     payload = {"info": info, "groups": groups, "skipped": skipped,

@@ -91,7 +91,7 @@ def test_missing_peers_are_skipped_with_a_reason(smoke_run):
         import cpprb  # noqa: F401
     except ImportError:
         assert "not importable" in payload["groups"]["cpprb"]["skipped"]["cpprb"]
-    for name in ("apex", "multi_node", "frames", "writers"):
+    for name in ("apex", "multi_node", "frames", "writers", "sequences"):
         assert payload["extras"][name] == {"skipped": "not run with --smoke"}
     # Each skip says how to get what is missing.
     assert "make bench-peers" in reason
