@@ -205,6 +205,9 @@ class SequenceWriter(frames.LaneWriter):
             ends = np.ascontiguousarray(staged[self._done].reshape(count, -1).any(axis=1),
                                         dtype=np.uint8)
         chunk = self._lane_slots
+        if count > chunk and priorities is not None:
+            # Checked whole before the first piece goes in: a bad one refuses the whole add.
+            self._store.weights_of(priorities, "priorities")
         if count > chunk and self._limited:
             raise ValueError(f"an add of {count} steps goes into this sequence buffer in pieces "
                              f"of at most {chunk} (a lane's steps); with a rate_limiter an add "

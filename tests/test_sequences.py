@@ -249,6 +249,11 @@ def test_bad_input_names_the_argument_and_writes_nothing(tmp_path):
             rb.add(obs=[1.0], done=[0], priorities=[-1.0])
         with pytest.raises(ValueError, match="done"):
             rb.add(obs=[1.0])
+        # An add of more steps than a lane holds goes in pieces: a bad priority in the last
+        # one refuses the whole add all the same.
+        with pytest.raises(ValueError, match="priorities"):
+            rb.add(obs=np.arange(100.0), done=np.zeros(100),
+                   priorities=np.r_[np.ones(99), -1.0])
         assert (rb.get_stored_size(), rb.get_next_index()) == before
         assert rb.get_all_transitions()["obs"][:, :, 0].tolist() == [[1, 2]]
         with pytest.raises(ValueError, match="sequence"):   # not yet: said, nothing written
