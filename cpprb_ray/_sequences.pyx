@@ -22,7 +22,7 @@ kills with every sequence that has a step in the torn slots.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memset
 
 from cpprb_ray._core cimport StoreView, copy_field, generation_of, publish
 from cpprb_ray._lanes cimport lane_of, lane_start, refresh_lane_run
