@@ -407,7 +407,10 @@ def _live_rows(rows: Any, capacity: int, stride: int) -> np.ndarray:
     """Which of a laned buffer's records hold a committed row, the lane part's rule
     (_lanes.is_live_row): a row's link (>= 1), complete (its second link >= 0), not torn (an
     even generation)."""
-    generations, links, aheads = _record_marks(rows, capacity, stride)
+    return _live(*_record_marks(rows, capacity, stride))
+
+
+def _live(generations: np.ndarray, links: np.ndarray, aheads: np.ndarray) -> np.ndarray:
     return (links >= 1) & (aheads >= 0) & (generations & 1 == 0)
 
 
@@ -733,7 +736,7 @@ class _Checkpoint:
         if bad.size:
             raise ValueError(f"slot {int(bad[0])}'s next stack is {int(aheads[bad[0]])} slots "
                              f"ahead, which no write leaves")
-        live = (links >= 1) & (aheads >= 0) & (generations & 1 == 0)
+        live = _live(generations, links, aheads)
         if int(live.sum()) != self.stored_size:
             raise ValueError(f"{int(live.sum())} rows in its slots, its state says "
                              f"{self.stored_size}")
