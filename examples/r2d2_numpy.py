@@ -93,14 +93,15 @@ class GRU:
                 ) -> Tuple[np.ndarray, List[Tuple[np.ndarray, ...]]]:
         """States after each step of ``inputs`` (time, batch, in) from ``state`` (batch, H).
 
-        With `keep`, the cache holds what :meth:`backward` needs (one tuple per step).
+        With `keep`, the cache holds what :meth:`backward` needs (one tuple per step, then
+        the inputs).
 
         Examples
         --------
         >>> import numpy as np
         >>> states, cache = GRU(2, 3, seed=0).forward(np.ones((4, 1, 2)), np.zeros((1, 3)))
         >>> states.shape, len(cache)
-        ((4, 1, 3), 4)
+        ((4, 1, 3), 5)
         """
         w_x, w_h, bias = self.params
         size = self.hidden
@@ -292,7 +293,7 @@ def nstep_targets(rew: np.ndarray, done: np.ndarray, mask: np.ndarray, q_online:
     >>> mask[3] = False; done[3] = 0.0   # now it ends (truncated) after step 2
     >>> targets, has = nstep_targets(rew, done, mask, q, q, nstep=2, gamma=0.5)
     >>> targets.ravel(), has.ravel()
-    (array([ 4. , 6. , 0. , 0. ]), array([ True,  True, False, False]))
+    (array([4., 6., 0., 0.]), array([ True,  True, False, False]))
     """
     steps, batch = rew.shape
     done = np.asarray(done, dtype=bool)
