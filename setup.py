@@ -61,7 +61,8 @@ extensions = [
         define_macros=macros,
     )
     for name in ("_segtree", "_sync", "_rules", "_segment", "_core", "_columns", "_lanes",
-                 "_outputs", "_store", "_lanestore", "_image", "_mapping")
+                 "_outputs", "_store", "_lanestore", "_image", "_mapping", "_sequences",
+                 "_seqstore")
 ]
 
 setup(

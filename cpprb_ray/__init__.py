@@ -25,6 +25,7 @@ from cpprb_ray.nstep_buffer import NstepBuffer
 from cpprb_ray.rate_limiters import MinSize, RateLimiter, SampleToInsertRatio
 from cpprb_ray.reverse import ReverseReplayBuffer
 from cpprb_ray.selective import SelectiveReplayBuffer
+from cpprb_ray.sequences import sequence_priority
 from cpprb_ray.training import train
 from cpprb_ray.util import create_before_add_func, create_env_dict
 
@@ -53,6 +54,7 @@ __all__ = [
     "list_buffers",
     "remove_buffer",
     "remove_orphans",
+    "sequence_priority",
     "train",
 ]
 __version__ = "0.1.0"

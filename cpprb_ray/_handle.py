@@ -32,6 +32,7 @@ from cpprb_ray import (
     nstep,
     rate_limiters,
     remote,
+    sequences,
 )
 from cpprb_ray._ownership import Ownership
 
@@ -59,17 +60,30 @@ class Handle:
                 Nstep: Optional[Mapping[str, Any]] = None,
                 rate_limiter: Optional[rate_limiters.RateLimiter] = None,
                 next_of: frames.Names = None, stack_compress: frames.Names = None,
-                lanes: Optional[int] = None) -> None:
+                lanes: Optional[int] = None,
+                sequence: Optional[Mapping[str, Any]] = None) -> None:
         capacity = _rules.as_count(size, "size")
         if capacity <= 0:
             raise ValueError(f"size must be > 0; got {capacity}")
         limiter = rate_limiters.check_rate_limiter(rate_limiter, capacity)
         # N-step first, on the columns add takes (next_obs included when next_of derives it);
         # then the lanes, which store frame columns a plane per slot and derive next_of's.
-        columns = frames.with_next_columns(_layout.parse_env_dict(env_dict), next_of)
-        columns, nstep_config = nstep.plan_columns(columns, Nstep)
-        columns, lane_config = frames.LaneConfig.plan(columns, capacity, self._prioritized,
-                                                      next_of, stack_compress, lanes)
+        extra_meta: Optional[Dict[str, Any]] = None
+        lane_config: Optional[frames.LaneConfig]
+        if sequence is not None:
+            # A sequence buffer (cpprb_ray.sequences): steps in lanes, no frames, no N-step.
+            columns = _layout.parse_env_dict(env_dict)
+            sequence_config, lane_config = sequences.SequenceConfig.plan(
+                sequence, columns, capacity, self._prioritized, lanes,
+                {"Nstep": Nstep, "next_of": next_of, "stack_compress": stack_compress})
+            nstep_config = None
+            extra_meta = {"sequence": sequence_config.to_meta()}
+        else:
+            columns = frames.with_next_columns(_layout.parse_env_dict(env_dict), next_of)
+            columns, nstep_config = nstep.plan_columns(columns, Nstep)
+            columns, lane_config = frames.LaneConfig.plan(columns, capacity, self._prioritized,
+                                                          next_of, stack_compress, lanes)
+            extra_meta = nstep.meta_of(nstep_config)
         backend = _memory.resolve_backend(backend)
         if path is not None and backend != "mmap":
             raise ValueError("path= needs backend='mmap'")
@@ -79,7 +93,7 @@ class Handle:
         # slots, so that filler slots do not take the rows' room (frames.bounded_slots).
         slots = capacity if lane_config is None else lane_config.slots(capacity)
         layout = _layout.plan(slots, columns, self._prioritized, backend,
-                              extra_meta=nstep.meta_of(nstep_config),
+                              extra_meta=extra_meta,
                               lanes=None if lane_config is None else lane_config.to_meta())
         claimed: List[Ownership] = []
 

@@ -72,6 +72,9 @@ cdef struct LaneClaim:
 cdef void lanes_bind(StoreView* view, Lane* records, int64_t count, int64_t link_offset,
                      int64_t rows) noexcept nogil
 cdef int64_t lane_start(const StoreView* view, int64_t lane) noexcept nogil
+cdef int64_t lane_of(const StoreView* view, int64_t slot) noexcept nogil
+cdef void refresh_lane_run(StoreView* view, int64_t first, int64_t size, int64_t start,
+                           int64_t count) noexcept nogil
 cdef int64_t lanes_claim(StoreView* view, LaneClaim* claim) noexcept nogil
 cdef int64_t lanes_release(StoreView* view, int64_t lane, uint64_t token) noexcept nogil
 cdef int64_t lanes_add(StoreView* view, LaneAdd* add) noexcept nogil

@@ -26,7 +26,8 @@ The writers: the ring's (:class:`RingWriter`, an add is one store add), the lane
 writer (:class:`cpprb_ray.nstep.NstepWriter`), which stages a stream's steps and commits its
 transitions through the ring's or the lane's sink. The samplers: the ring's
 (:class:`RingSampler`), the lanes' (:class:`LaneSampler`), and cpprb's check_for_update over
-either (:class:`CheckingSampler`). Their kernels are in the store's
+either (:class:`CheckingSampler`); a sequence buffer's pair, :mod:`cpprb_ray.sequences`' writer and
+sampler. Their kernels are in the store's
 extension modules (the ring's in ``_core``/``_store``, the lanes' in ``_lanes``/``_lanestore``);
 a new way of writing or sampling is a new pair here and there, chosen in :func:`choose`.
 
@@ -46,7 +47,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from cpprb_ray import _compat, _rules, frames, nstep
+from cpprb_ray import _compat, _rules, frames, nstep, sequences
 from cpprb_ray._image import StoreImage
 from cpprb_ray._layout import Column, Layout
 
@@ -238,6 +239,13 @@ def choose(store: Any, layout: Layout, location: str,
     """
     writer: Any
     sampler: Any
+    sequence_config = sequences.SequenceConfig.from_meta(layout.meta, location)
+    if sequence_config is not None and lane_config is not None:
+        # A sequence buffer (cpprb_ray.sequences): steps in lanes, sequences drawn.
+        writer, sampler = sequences.parts(store, layout, lane_config, sequence_config, location)
+        if check_for_update:
+            sampler = CheckingSampler(sampler, layout.capacity)
+        return writer, sampler
     if lane_config is None:
         writer = RingWriter(store, layout.columns, layout.capacity)
         sampler = RingSampler(store, layout.columns)

@@ -77,6 +77,15 @@ class ReplayBuffer(Handle):
     mmap_prefix : str, optional
         cpprb's argument: the buffer in the file ``{mmap_prefix}.cpprb_ray`` (backend "mmap";
         it may be larger than RAM). Freed like any buffer when its owner closes it.
+    sequence : dict, optional
+        ``{"length": L, "period": P (L), "eta": 0.9}``: a sequence buffer for recurrent
+        learners (R2D2). Steps are stored once, in lanes (one per writing handle: `lanes`);
+        a sample returns sequences of `L` consecutive steps of one episode, starting at step 0,
+        P, 2P, ... of it: every column as ``(batch, L, *shape)`` and "mask" ``(batch, L)``,
+        False on the padding past an episode's end; "indexes", "weights" and "generations"
+        are one per sequence, the unit of the stored size and of the rate limiter. A nonzero
+        ``done`` or :meth:`on_episode_end` ends an episode. Not with Nstep, next_of or
+        stack_compress. See :mod:`cpprb_ray.sequences` and docs/sequences.md.
 
     Raises
     ------
@@ -108,13 +117,15 @@ class ReplayBuffer(Handle):
                  rate_limiter: Optional[rate_limiters.RateLimiter] = None,
                  default_dtype: Any = None,
                  next_of: frames.Names = None, stack_compress: frames.Names = None,
-                 lanes: Optional[int] = None, mmap_prefix: Optional[str] = None) -> None:
+                 lanes: Optional[int] = None, mmap_prefix: Optional[str] = None,
+                 sequence: Optional[Mapping[str, Any]] = None) -> None:
         size = _compat.whole_size(size)
         env_dict = _compat.with_default_dtype(env_dict, default_dtype)
         backend, path = _compat.mmap_path(mmap_prefix, backend, path)
         self._create(size, env_dict, backend, name, path, seed, alpha=0.0, eps=0.0,
                      lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter,
-                     next_of=next_of, stack_compress=stack_compress, lanes=lanes)
+                     next_of=next_of, stack_compress=stack_compress, lanes=lanes,
+                     sequence=sequence)
 
     # -- what it holds ----------------------------------------------------------------------
 
@@ -516,7 +527,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                  rate_limiter: Optional[rate_limiters.RateLimiter] = None,
                  default_dtype: Any = None, check_for_update: bool = False,
                  next_of: frames.Names = None, stack_compress: frames.Names = None,
-                 lanes: Optional[int] = None, mmap_prefix: Optional[str] = None) -> None:
+                 lanes: Optional[int] = None, mmap_prefix: Optional[str] = None,
+                 sequence: Optional[Mapping[str, Any]] = None) -> None:
         size = _compat.whole_size(size)
         env_dict = _compat.with_default_dtype(env_dict, default_dtype)
         backend, path = _compat.mmap_path(mmap_prefix, backend, path)
@@ -534,7 +546,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             _rules.check_alpha_eps(alpha, eps, int(size))
         self._create(size, env_dict, backend, name, path, seed, alpha=alpha, eps=eps,
                      lock_timeout=lock_timeout, Nstep=Nstep, rate_limiter=rate_limiter,
-                     next_of=next_of, stack_compress=stack_compress, lanes=lanes)
+                     next_of=next_of, stack_compress=stack_compress, lanes=lanes,
+                     sequence=sequence)
         if check_for_update:
             self._check_for_update = True
             self._choose_parts()

@@ -25,14 +25,14 @@ LAYERS: List[Set[str]] = [
     {"_proc"},
     # 1. kernels: nogil C over raw memory, and the one place for rules and the format
     {"_segtree", "_sync", "_prefetch", "_limiter", "_convert", "_rules", "_segment", "_core",
-     "_lanes", "_columns", "_outputs", "_mapping"},
+     "_lanes", "_columns", "_outputs", "_mapping", "_sequences"},
     # 2. the store: lifetime, the one driver, the ring's operations; the parts that drive it
-    {"_store", "_lanestore", "_image"},
+    {"_store", "_lanestore", "_image", "_seqstore"},
     # 3. what a segment is on the host: files, layouts, ownership
     {"_memory", "_atomic", "_layout", "_ownership", "_orphans", "_open", "rate_limiters",
      "_compat"},
     # 4. the parts a handle is made of, and the features over them
-    {"frames", "nstep", "_parts", "checkpoint"},
+    {"frames", "nstep", "sequences", "_parts", "checkpoint"},
     # 5. remote handles: client, proxy actor, pickling glue (never the public classes)
     {"remote", "remote._client", "remote._proxy", "remote._pickling"},
     # 6. the public classes and what is built on them

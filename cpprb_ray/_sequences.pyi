@@ -1,0 +1,1 @@
+"""Sequences: nogil kernels only (cimported by _seqstore); nothing at Python level."""
