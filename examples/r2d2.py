@@ -5,18 +5,19 @@
 - The task needs memory: each observation is the cart's position and the pole's angle only
   (CartPole-v1 without its two velocities), so the Q-network is recurrent (a GRU, numpy, in
   ``r2d2_numpy.py`` beside this file) and must infer the velocities from what it has seen.
-- Actors store sequences of ``--length`` steps that start every ``--period`` steps of each
-  episode, with the recurrent state the actor had before the sequence's first step (the
-  "stored state"); a sequence that reaches past its episode's end is padded and its mask is
-  False there. Each sequence is one row of a :class:`cpprb_ray.PrioritizedReplayBuffer` whose
-  columns have shape ``(length, ...)``, plus a mask column; its first priority is the actor's
-  own eta-mixed n-step TD error.
+- The buffer is a sequence buffer, :class:`cpprb_ray.PrioritizedReplayBuffer` with
+  ``sequence={"length": 30, "period": 10}`` and one lane per actor: actors add single steps
+  (with the recurrent state they had before each, the "core" column) and end episodes with
+  ``rb.on_episode_end()``; the buffer cuts each actor's episodes into sequences of ``--length``
+  steps starting every ``--period`` steps, stores each step once, and samples whole sequences
+  (padded past an episode's end, ``mask`` False there). A step's priority is the actor's own
+  n-step TD error; a sequence's first priority is the buffer's eta mix of its steps'.
 - The driver is the learner: it samples sequences by priority, replays the first ``--burn-in``
   steps from the stored state to warm up both networks' states, trains on the rest with
   n-step double-DQN targets computed inside the sequence (backpropagation through time), and
-  writes back one priority per sequence, ``eta * max|td| + (1 - eta) * mean|td|`` (eta 0.9),
-  with the generations of the sample. A ``SampleToInsertRatio`` limiter (its unit: one
-  sequence) keeps the replay ratio steady.
+  writes back one priority per sequence, ``cpprb_ray.sequence_priority``: ``eta * max|td| +
+  (1 - eta) * mean|td|`` (eta 0.9), with the generations of the sample. A
+  ``SampleToInsertRatio`` limiter (its unit: one sequence) keeps the replay ratio steady.
 - Weights go to the actors through Ray's object store; transitions never do (the buffer handle
   pickles by name and each actor attaches to the same shared memory).
 
@@ -78,35 +79,37 @@ def epsilon_ladder(actors: int, base: float) -> List[float]:
     return [base ** (1 + 7 * i / (actors - 1)) for i in range(actors)]
 
 
-def env_dict(length: int, hidden: int) -> Dict[str, Dict[str, Any]]:
-    """The buffer's columns: one row is one sequence of `length` steps.
+def env_dict(hidden: int) -> Dict[str, Dict[str, Any]]:
+    """The buffer's columns, one step each: ``core`` is the actor's recurrent state before the
+    step (the learner starts a sequence from its first step's); ``done`` is 1 where the episode
+    terminated, which ends it in the buffer too.
 
     Examples
     --------
-    >>> {name: spec["shape"] for name, spec in env_dict(30, 16).items()}
-    {'obs': (30, 2), 'act': 30, 'rew': 30, 'done': 30, 'mask': 30, 'core': 16}
+    >>> sorted(env_dict(16))
+    ['act', 'core', 'done', 'obs', 'rew']
     """
-    return {"obs": {"shape": (length, OBS_SIZE)}, "act": {"shape": length, "dtype": np.int64},
-            "rew": {"shape": length}, "done": {"shape": length},
-            "mask": {"shape": length, "dtype": np.uint8}, "core": {"shape": hidden}}
+    return {"obs": {"shape": OBS_SIZE}, "act": {"dtype": np.int64}, "rew": {}, "done": {},
+            "core": {"shape": hidden}}
 
 
 def make_buffer(args: argparse.Namespace) -> cpprb_ray.PrioritizedReplayBuffer:
-    """The shared buffer of sequences, prioritized (alpha 0.9, as R2D2), with a
-    SampleToInsertRatio limiter counted in sequences.
+    """The shared sequence buffer: `--buffer-size` steps in one lane per actor, prioritized
+    (alpha 0.9, as R2D2), with a SampleToInsertRatio limiter (its unit: one sequence).
 
     Examples
     --------
-    >>> rb = make_buffer(parse_args(["--buffer-size", "256", "--min-size", "16"]))
-    >>> rb.get_buffer_size(), type(rb.rate_limiter).__name__
-    (256, 'SampleToInsertRatio')
+    >>> rb = make_buffer(parse_args(["--buffer-size", "512", "--min-size", "16"]))
+    >>> rb.get_stored_size(), type(rb.rate_limiter).__name__     # sequences stored
+    (0, 'SampleToInsertRatio')
     >>> rb.close()
     """
     limiter = cpprb_ray.SampleToInsertRatio(args.samples_per_insert, args.min_size,
                                             error_buffer(args))
-    return cpprb_ray.PrioritizedReplayBuffer(args.buffer_size, env_dict(args.length, args.hidden),
-                                             alpha=0.9, eps=1e-3, seed=args.seed,
-                                             rate_limiter=limiter)
+    return cpprb_ray.PrioritizedReplayBuffer(
+        args.buffer_size, env_dict(args.hidden), alpha=0.9, eps=1e-3, seed=args.seed,
+        sequence={"length": args.length, "period": args.period, "eta": ETA},
+        lanes=args.actors, rate_limiter=limiter)
 
 
 def network(args: argparse.Namespace, seed: Optional[int] = None) -> r2d2_numpy.RecurrentQ:
@@ -115,35 +118,34 @@ def network(args: argparse.Namespace, seed: Optional[int] = None) -> r2d2_numpy.
 
 
 # ---------------------------------------------------------------------------------------------
-# Sequences: how an actor cuts its episode into overlapping, padded windows.
+# An actor's episode: its steps, and their priorities once they are known.
 
 class Episode:
-    """One actor's current episode, step by step, and the sequences cut from it.
+    """One actor's current episode, step by step, and the steps ready to be added.
 
-    A sequence starts at step 0, period, 2 * period, ... of the episode and holds `length`
-    steps; it is ready once its last step is taken, or at the episode's end (padded then).
+    A step's priority is its n-step TD error under the actor's own Q-values, so it is known
+    `nstep` steps later, or at the episode's end; :meth:`ready` hands out the steps whose
+    priority is known, each once, with it, `batch` at a time (fewer at the end).
 
     Examples
     --------
     >>> import numpy as np
-    >>> episode = Episode(length=4, period=2, hidden=1)
-    >>> for t in range(5):
-    ...     episode.append(np.full(2, t), t % 2, 1.0, False, np.zeros(1), np.zeros(2))
-    ...     print(t, [start for start, _ in episode.ready()])
-    0 []
-    1 []
-    2 []
-    3 [0]
-    4 []
-    >>> [(start, rows["mask"].tolist()) for start, rows in episode.ready(end=True)]
-    [(2, [1, 1, 1, 0]), (4, [1, 0, 0, 0])]
+    >>> episode = Episode(nstep=2, batch=1)
+    >>> for t in range(4):
+    ...     episode.append(np.full(2, t), 0, 1.0, t == 3, np.zeros(1), np.zeros(2))
+    ...     ready = episode.ready(end=(t == 3))
+    ...     print(t, ready and (ready[0]["rew"].tolist(), ready[1].round(4).tolist()))
+    0 None
+    1 None
+    2 ([1.0], [1.99])
+    3 ([1.0, 1.0, 1.0], [1.99, 1.99, 1.0])
     """
 
-    def __init__(self, length: int, period: int, hidden: int) -> None:
-        self.length, self.period, self.hidden = length, period, hidden
+    def __init__(self, nstep: int, batch: int) -> None:
+        self.nstep, self.batch = nstep, batch
         self.steps: Dict[str, list] = {name: [] for name in ("obs", "act", "rew", "done",
                                                              "core", "q")}
-        self.next_start = 0
+        self.added = 0
 
     def __len__(self) -> int:
         return len(self.steps["act"])
@@ -156,54 +158,30 @@ class Episode:
                             ("core", core), ("q", q)):
             self.steps[name].append(value)
 
-    def ready(self, end: bool = False) -> List[Any]:
-        """The sequences that became ready, as ``(start, columns)``; with `end`, every
-        sequence left (the episode is over)."""
-        out = []
-        while self.next_start < len(self) and (end or self.next_start + self.length
-                                               <= len(self)):
-            out.append((self.next_start, self.sequence(self.next_start)))
-            self.next_start += self.period
-        return out
-
-    def sequence(self, start: int) -> Dict[str, np.ndarray]:
-        """Steps ``start .. start + length - 1``, zeros past the episode's end; ``core`` is the
-        state before the first step, ``q`` the actor's Q-values (for its first priority)."""
-        stop = min(start + self.length, len(self))
-        real = stop - start
-        columns: Dict[str, np.ndarray] = {}
-        for name, dtype, shape in (("obs", np.float32, (OBS_SIZE,)), ("act", np.int64, ()),
-                                   ("rew", np.float32, ()), ("done", np.float32, ()),
-                                   ("q", np.float32, (ACTIONS,))):
-            column = np.zeros((self.length, *shape), dtype=dtype)
-            column[:real] = np.asarray(self.steps[name][start:stop], dtype=dtype).reshape(
-                real, *shape)
-            columns[name] = column
-        columns["mask"] = (np.arange(self.length) < real).astype(np.uint8)
-        columns["core"] = np.asarray(self.steps["core"][start], dtype=np.float32)
-        return columns
-
-
-def actor_priority(columns: Dict[str, np.ndarray], burn_in: int, nstep: int) -> float:
-    """A new sequence's first priority: the eta mix of the actor's own n-step TD errors on the
-    steps the learner will train on (its Q-values as both online and target network).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> columns = {"rew": np.ones(4), "done": np.array([0, 0, 0, 1.0]),
-    ...            "mask": np.ones(4, np.uint8), "q": np.ones((4, 2)), "act": np.zeros(4)}
-    >>> round(actor_priority(columns, burn_in=2, nstep=1), 4)   # |1 - 1.99| and |1 - 1|
-    0.9405
-    """
-    q = np.asarray(columns["q"], dtype=np.float64)[:, None]
-    mask = np.asarray(columns["mask"], dtype=bool)[:, None]
-    targets, has = r2d2_numpy.nstep_targets(columns["rew"][:, None], columns["done"][:, None],
-                                            mask, q, q, nstep, GAMMA)
-    chosen = q[np.arange(q.shape[0]), 0, np.asarray(columns["act"]).astype(np.int64)]
-    abs_td = np.abs(chosen - targets[:, 0])
-    has[:burn_in] = False
-    return float(r2d2_numpy.mixed_priority(abs_td[None], has.T, ETA)[0])
+    def ready(self, end: bool = False) -> Optional[Any]:
+        """``(columns, priorities)`` of the steps not yet handed out whose priority is known
+        (all of them with `end`: the episode is over), once there are `batch` of them or at
+        the end; else None."""
+        upto = len(self) if end else len(self) - self.nstep
+        first = self.added
+        if upto <= first or (not end and upto - first < self.batch):
+            return None
+        self.added = upto
+        # The targets of steps first .. upto - 1 need the steps up to nstep after them.
+        q = np.asarray(self.steps["q"][first:], dtype=np.float64)[:, None]
+        rew = np.asarray(self.steps["rew"][first:])[:, None]
+        done = np.asarray(self.steps["done"][first:])[:, None]
+        act = np.asarray(self.steps["act"][first:upto], dtype=np.int64)
+        targets, has = r2d2_numpy.nstep_targets(rew, done, np.ones_like(done, dtype=bool), q, q,
+                                                self.nstep, GAMMA)
+        count = upto - first
+        # A truncated episode's last step has no successor, hence no target: priority 0.
+        priorities = np.where(has[:count, 0],
+                              np.abs(q[np.arange(count), 0, act] - targets[:count, 0]), 0.0)
+        columns = {"obs": np.asarray(self.steps["obs"][first:upto], dtype=np.float32),
+                   "act": act, "rew": rew[:count, 0], "done": done[:count, 0],
+                   "core": np.asarray(self.steps["core"][first:upto], dtype=np.float32)}
+        return columns, priorities
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +220,7 @@ def actor_class():
             self.loaded: Optional[Any] = None
             self.stopping = threading.Event()
             self.lock = threading.Lock()
-            self.sequences_added = 0
+            self.steps_added = 0
             self.steps = 0
             self.episodes: List[Any] = []  # (end time, return, actor)
 
@@ -253,7 +231,7 @@ def actor_class():
         def report(self) -> Dict[str, Any]:
             with self.lock:
                 episodes, self.episodes = self.episodes, []
-                return {"rows_added": self.sequences_added, "steps": self.steps,
+                return {"steps_added": self.steps_added, "steps": self.steps,
                         "episodes": episodes}
 
         def stop(self) -> None:
@@ -265,18 +243,22 @@ def actor_class():
                 self.network.set_weights(ray.get(latest))
                 self.loaded = latest
 
-        def _add(self, ready: List[Any]) -> bool:
-            if not ready:
-                return True
-            rows = {name: np.stack([columns[name] for _, columns in ready])
-                    for name in ("obs", "act", "rew", "done", "mask", "core")}
-            priorities = np.array([actor_priority(columns, self.args.burn_in, self.args.nstep)
-                                   for _, columns in ready])
-            if not until_admitted(lambda timeout: self.rb.add(
-                    priorities=priorities, timeout=timeout, **rows), self.stopping):
-                return False
-            with self.lock:
-                self.sequences_added += len(ready)
+        def _add(self, ready: Optional[Any], over: bool) -> bool:
+            if ready is not None:
+                columns, priorities = ready
+                # The rate limiter holds adds back while the learner is behind; wait in slices
+                # so that a stop is seen.
+                if not until_admitted(lambda timeout: self.rb.add(
+                        priorities=priorities, timeout=timeout, **columns), self.stopping):
+                    return False
+                with self.lock:
+                    self.steps_added += priorities.shape[0]
+            if over:
+                # Ends the episode in the buffer (a terminated one is ended by its done=1
+                # already; a truncated one only by this): its open sequences are padded and
+                # become sampleable.
+                return until_admitted(lambda timeout: self.rb.on_episode_end(timeout=timeout),
+                                      self.stopping)
             return True
 
         def run(self) -> int:
@@ -284,7 +266,7 @@ def actor_class():
             full, _ = self.env.reset(seed=self.seed)
             obs = full[VISIBLE] * SCALE
             state = self.network.initial_state(1)
-            episode = Episode(args.length, args.period, args.hidden)
+            episode = Episode(args.nstep, args.add_batch)
             episode_return = 0.0
             while not self.stopping.is_set():
                 self._pull_weights()
@@ -298,7 +280,7 @@ def actor_class():
                 episode_return += float(reward)
                 self.steps += 1
                 over = terminated or truncated
-                if not self._add(episode.ready(end=over)):
+                if not self._add(episode.ready(end=over), over):
                     break
                 if over:
                     with self.lock:
@@ -306,7 +288,7 @@ def actor_class():
                     episode_return = 0.0
                     full, _ = self.env.reset()
                     state = self.network.initial_state(1)
-                    episode = Episode(args.length, args.period, args.hidden)
+                    episode = Episode(args.nstep, args.add_batch)
                 else:
                     state = next_state
                 obs = full[VISIBLE] * SCALE
@@ -337,7 +319,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--nstep", type=int, default=5, help="n of the n-step targets")
     parser.add_argument("--hidden", type=int, default=32, help="GRU state width")
     parser.add_argument("--head", type=int, default=64, help="width of the ReLU layer after it")
-    parser.add_argument("--buffer-size", type=int, default=10_000, help="buffer rows (sequences)")
+    parser.add_argument("--buffer-size", type=int, default=100_000,
+                        help="buffer steps (all lanes together)")
     parser.add_argument("--batch-size", type=int, default=64, help="sequences per learner step")
     parser.add_argument("--samples-per-insert", type=float, default=4.0,
                         help="replay ratio the rate limiter keeps (sequences sampled per "
@@ -349,13 +332,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="learner steps between target-network copies")
     parser.add_argument("--publish-every", type=int, default=50,
                         help="learner steps between weight publications")
+    parser.add_argument("--add-batch", type=int, default=8,
+                        help="steps an actor adds at once (fewer at an episode's end)")
     parser.add_argument("--epsilon", type=float, default=0.1,
                         help="base of the actors' epsilon ladder (Ape-X's 0.4 ** (1 + 7i/(K-1)) "
                              "with this base)")
     parser.add_argument("--no-progress", action="store_true", help="no live line on stderr")
     args = parser.parse_args(argv)
     for name in ("actors", "length", "period", "nstep", "hidden", "head", "buffer_size",
-                 "batch_size", "min_size", "target_every", "publish_every"):
+                 "batch_size", "min_size", "target_every", "publish_every", "add_batch"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0; got {getattr(args, name)}")
     if args.seconds <= 0 or args.samples_per_insert <= 0:
@@ -364,9 +349,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error(f"--burn-in must be in [0, --length - 1); got {args.burn_in}")
     if args.period > args.length:
         parser.error(f"--period must be <= --length ({args.length}); got {args.period}")
-    if args.min_size > args.buffer_size:
-        parser.error(f"--min-size ({args.min_size}) must be <= --buffer-size "
-                     f"({args.buffer_size})")
+    if args.buffer_size // args.actors < args.length:
+        parser.error(f"--buffer-size {args.buffer_size} leaves fewer than --length "
+                     f"({args.length}) steps to each actor's lane")
     if not 0 <= args.epsilon <= 1 or args.learning_rate < 0:
         parser.error("--epsilon must be in [0, 1] and --learning-rate >= 0")
     return args
@@ -374,9 +359,28 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def error_buffer(args: argparse.Namespace) -> float:
     """The limiter's slack, in sampled sequences: a few learner batches, plus the most
-    sequences every actor can add at once (all of an episode's open ones, at its end)."""
-    open_sequences = -(-args.length // args.period)
-    return 4.0 * args.batch_size + 2.0 * open_sequences * args.actors * args.samples_per_insert
+    sequences every actor can complete at once (an add batch's, and all of an episode's open
+    ones at its end)."""
+    at_once = -(-args.length // args.period) + -(-args.add_batch // args.period)
+    return 4.0 * args.batch_size + 2.0 * at_once * args.actors * args.samples_per_insert
+
+
+def with_sequences(reports: List[Dict[str, Any]], rb: Any) -> List[Dict[str, Any]]:
+    """The actors' reports for the progress line, plus the sequences the buffer has made of
+    their steps so far (its insert count: the rate limiter's unit) as the rows added."""
+    sequences = {"rows_added": int(rb.stats()["inserts"]), "episodes": []}
+    return [dict(report, rows_added=0) for report in reports] + [sequences]
+
+
+def sequence_batch(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """A sampled batch as the learner takes it: scalar columns ``(B, L)``, and ``core`` the
+    state before each sequence's first step, ``(B, H)``."""
+    out = dict(batch)
+    rows, length = batch["mask"].shape
+    for name in ("act", "rew", "done"):
+        out[name] = np.asarray(batch[name]).reshape(rows, length)
+    out["core"] = batch["core"][:, 0]
+    return out
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
@@ -409,7 +413,7 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
 
     learner = r2d2_numpy.R2D2(network(args, seed=args.seed), burn_in=args.burn_in,
                               nstep=args.nstep, gamma=GAMMA, learning_rate=args.learning_rate,
-                              target_every=args.target_every, eta=ETA)
+                              target_every=args.target_every)
     Actor = actor_class()
     per_actor_cpus = min(1.0, cpus / args.actors)
     actors = [Actor.options(num_cpus=per_actor_cpus).remote(rb, i, eps, args.seed * 1000 + i,
@@ -433,8 +437,8 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                     ray.get(finished)
                     raise RuntimeError(f"{len(finished)} actor(s) stopped before the end")
                 reports = ray.get([actor.report.remote() for actor in actors])
-                progress.update(reports, samples, learner.steps, rb.get_stored_size(),
-                                rb.get_buffer_size())
+                progress.update(with_sequences(reports, rb), samples, learner.steps,
+                                rb.get_stored_size(), rb.get_buffer_size())
                 next_report = time.time() + 1.0
                 if args.stop_when_solved and progress.solved_at() is not None:
                     break
@@ -445,7 +449,8 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                 batch = rb.sample(args.batch_size, beta, timeout=WAIT_SLICE_S)
             except TimeoutError:
                 continue
-            priorities = learner.train_step(batch)
+            abs_td, trained = learner.train_step(sequence_batch(batch))
+            priorities = cpprb_ray.sequence_priority(abs_td, mask=trained, eta=ETA)
             rb.update_priorities(batch["indexes"], priorities, batch["generations"])
             samples += args.batch_size
             if learner.steps % args.publish_every == 0:
@@ -456,8 +461,9 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
         for actor in actors:
             actor.stop.remote()
         steps = ray.get(runs, timeout=60)
-        progress.update(ray.get([actor.report.remote() for actor in actors]), samples,
-                        learner.steps, rb.get_stored_size(), rb.get_buffer_size(), final=True)
+        final_reports = ray.get([actor.report.remote() for actor in actors])
+        progress.update(with_sequences(final_reports, rb), samples, learner.steps,
+                        rb.get_stored_size(), rb.get_buffer_size(), final=True)
         progress.close()
         for actor in actors:
             ray.kill(actor)
@@ -479,6 +485,7 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
         "solved_at_seconds": progress.solved_at(),
         "episodes": len(progress.episodes),
         "env_steps": int(sum(steps)),
+        "steps_added": int(sum(report["steps_added"] for report in final_reports)),
         "seed": args.seed,
         "learning_rate": args.learning_rate,
         "sequence": {"length": args.length, "period": args.period, "burn_in": args.burn_in},

@@ -12,8 +12,9 @@ Examples
 >>> batch = {"obs": np.zeros((4, 6, 2)), "act": np.zeros((4, 6), dtype=np.int64),
 ...          "rew": np.ones((4, 6)), "done": np.zeros((4, 6)), "mask": np.ones((4, 6), bool),
 ...          "core": np.zeros((4, 8)), "weights": np.ones(4)}
->>> learner.train_step(batch).shape     # one new priority per sequence
-(4,)
+>>> abs_td, trained = learner.train_step(batch)   # |TD| of each step, and where it is trained
+>>> abs_td.shape, trained.shape
+((4, 6), (4, 6))
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dqn_numpy import MLP, Adam, huber  # noqa: E402
 
-__all__ = ["GRU", "RecurrentQ", "R2D2", "nstep_targets", "mixed_priority"]
+__all__ = ["GRU", "RecurrentQ", "R2D2", "nstep_targets"]
 
 
 def sigmoid(values: np.ndarray) -> np.ndarray:
@@ -327,27 +328,10 @@ def nstep_targets(rew: np.ndarray, done: np.ndarray, mask: np.ndarray, q_online:
     return np.where(usable, targets, 0.0), usable
 
 
-def mixed_priority(abs_td: np.ndarray, mask: np.ndarray, eta: float = 0.9) -> np.ndarray:
-    """R2D2's sequence priority ``eta * max|td| + (1 - eta) * mean|td|`` over the masked steps
-    of each row (``(batch, time)`` arrays); 0 for a row with no masked step.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> mixed_priority(np.array([[1.0, 3.0, 9.0], [2.0, 2.0, 2.0]]),
-    ...                np.array([[True, True, False], [False, False, False]]), eta=0.5)
-    array([2.5, 0. ])
-    """
-    mask = np.asarray(mask, dtype=bool)
-    masked = np.where(mask, abs_td, 0.0)
-    count = mask.sum(axis=1)
-    mean = masked.sum(axis=1) / np.maximum(count, 1)
-    return eta * masked.max(axis=1, initial=0.0) + (1.0 - eta) * mean
-
-
 class R2D2:
     """The learner's update: stored state + burn-in, n-step double DQN along each sequence,
-    importance weights per sequence, and eta-mixed priorities.
+    importance weights per sequence; it returns each step's |TD error| (the caller mixes them
+    into one priority per sequence: ``cpprb_ray.sequence_priority``).
 
     Parameters
     ----------
@@ -359,8 +343,6 @@ class R2D2:
         The n-step targets inside the sequence.
     learning_rate, target_every, max_grad_norm :
         Adam's step size, learner steps between target copies, global gradient-norm clip.
-    eta : float
-        Priority mix: ``eta * max|td| + (1 - eta) * mean|td|``.
 
     Examples
     --------
@@ -378,7 +360,7 @@ class R2D2:
 
     def __init__(self, network: RecurrentQ, burn_in: int, nstep: int, gamma: float,
                  learning_rate: float = 1e-3, target_every: int = 500,
-                 max_grad_norm: float = 10.0, eta: float = 0.9) -> None:
+                 max_grad_norm: float = 10.0) -> None:
         self.network = network
         self.target = RecurrentQ(*network.sizes, dtype=network.dtype)
         self.target.set_weights(network.params)
@@ -386,7 +368,6 @@ class R2D2:
         self.burn_in, self.nstep, self.gamma = int(burn_in), int(nstep), float(gamma)
         self.target_every = int(target_every)
         self.max_grad_norm = float(max_grad_norm)
-        self.eta = float(eta)
         self.steps = 0
 
     def loss_and_grads(self, batch: Dict[str, np.ndarray]
@@ -427,12 +408,10 @@ class R2D2:
         has_all[burn:] = has
         return loss, abs_td, has_all, grads
 
-    def train_step(self, batch: Dict[str, np.ndarray]) -> np.ndarray:
-        """One Adam step on a batch of sequences; returns each sequence's new priority.
-
-        A sequence without any step that has a loss (all burn-in, or padding) gets 0: the
-        buffer's eps keeps it sampleable, rarely.
-        """
+    def train_step(self, batch: Dict[str, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+        """One Adam step on a batch of sequences; returns ``|TD error|`` of every step and
+        where a step was trained (not burn-in or padding, and it has a target), both
+        ``(B, L)``."""
         _, abs_td, has, grads = self.loss_and_grads(batch)
         norm = np.sqrt(sum(float(np.sum(g * g)) for g in grads))
         if norm > self.max_grad_norm:
@@ -441,4 +420,4 @@ class R2D2:
         self.steps += 1
         if self.steps % self.target_every == 0:
             self.target.set_weights(self.network.params)
-        return mixed_priority(abs_td.T, has.T, self.eta)
+        return abs_td.T, has.T

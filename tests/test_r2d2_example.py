@@ -170,13 +170,6 @@ def test_nstep_targets_match_the_reference():
         np.testing.assert_allclose(got, want, err_msg=f"trial {trial}")
 
 
-def test_mixed_priority_is_r2d2s():
-    abs_td = np.array([[0.5, 2.0, 0.0, 9.0]])
-    mask = np.array([[True, True, True, False]])
-    np.testing.assert_allclose(rnn.mixed_priority(abs_td, mask, eta=0.9),
-                               [0.9 * 2.0 + 0.1 * 2.5 / 3])
-
-
 def test_learner_fits_a_sequence_that_needs_memory():
     """A recall task: reward 1 at the last step for repeating the sign seen at the first one
     (the observations in between are zeros). Only a network that carries its state through
@@ -207,29 +200,39 @@ def test_learner_fits_a_sequence_that_needs_memory():
 # ---------------------------------------------------------------------------------------------
 # The actor's sequences.
 
-def test_episode_cuts_overlapping_padded_sequences():
-    episode = r2d2.Episode(length=4, period=2, hidden=3)
-    ready = []
-    for t in range(7):
-        episode.append(np.array([t, -t]), t % 2, float(t), t == 6, np.full(3, t), np.zeros(2))
-        ready += episode.ready(end=(t == 6))
-    assert [start for start, _ in ready] == [0, 2, 4, 6]
-    for start, columns in ready:
-        real = min(4, 7 - start)
-        np.testing.assert_array_equal(columns["mask"], np.arange(4) < real)
-        np.testing.assert_array_equal(columns["rew"][:real], np.arange(start, start + real))
-        assert not columns["rew"][real:].any() and not columns["obs"][real:].any()
-        np.testing.assert_array_equal(columns["obs"][:real, 0], np.arange(start, start + real))
-        np.testing.assert_array_equal(columns["core"], np.full(3, start))  # state before it
-    assert ready[-1][1]["done"].tolist() == [1.0, 0.0, 0.0, 0.0]
-
-
-def test_actor_priority_skips_burn_in_and_padding():
-    columns = {"rew": np.array([5.0, 1.0, 1.0, 0.0]), "done": np.zeros(4),
-               "mask": np.array([1, 1, 1, 0], np.uint8), "q": np.zeros((4, 2)),
-               "act": np.zeros(4)}
-    # nstep 1: step 1's error is |0 - 1| (step 0 is burn-in; step 2 has no successor).
-    assert r2d2.actor_priority(columns, burn_in=1, nstep=1) == pytest.approx(1.0)
+def test_episode_hands_out_steps_once_their_priority_is_known():
+    """Each step once, in order, `nstep` steps late (all at the end), with its n-step TD error
+    under the actor's Q-values: checked against nstep_targets over the whole episode."""
+    rng = np.random.default_rng(6)
+    for terminated in (True, False):
+        episode = r2d2.Episode(nstep=3, batch=2)
+        length = 11
+        q = rng.normal(size=(length, 2))
+        rew = rng.normal(size=length)
+        act = rng.integers(0, 2, length)
+        handed = []
+        for t in range(length):
+            end = t == length - 1
+            episode.append(np.array([t, -t]), int(act[t]), float(rew[t]), terminated and end,
+                           np.full(3, t), q[t])
+            ready = episode.ready(end=end)
+            if ready is not None:
+                columns, priorities = ready
+                assert end or len(columns["rew"]) >= 2
+                assert end or t - 3 >= int(columns["obs"][-1, 0])  # n steps behind
+                handed.append((columns, priorities))
+        obs = np.concatenate([columns["obs"][:, 0] for columns, _ in handed])
+        np.testing.assert_array_equal(obs, np.arange(length))
+        core = np.concatenate([columns["core"][:, 0] for columns, _ in handed])
+        np.testing.assert_array_equal(core, np.arange(length))   # the state before each step
+        done = np.zeros((length, 1))
+        done[-1] = float(terminated)
+        targets, has = rnn.nstep_targets(rew[:, None], done, np.ones((length, 1), bool),
+                                         q[:, None], q[:, None], 3, r2d2.GAMMA)
+        expected = np.where(has[:, 0], np.abs(q[np.arange(length), act] - targets[:, 0]), 0.0)
+        np.testing.assert_allclose(np.concatenate([p for _, p in handed]), expected, rtol=1e-6)
+        # A truncated episode's last step has no successor: no target, priority 0.
+        assert (expected[-1] == 0.0) == (not terminated)
 
 
 def test_parse_args_refuses_bad_sequences():
@@ -237,6 +240,8 @@ def test_parse_args_refuses_bad_sequences():
         r2d2.parse_args(["--burn-in", "30", "--length", "30"])
     with pytest.raises(SystemExit):
         r2d2.parse_args(["--period", "31", "--length", "30"])
+    with pytest.raises(SystemExit):
+        r2d2.parse_args(["--buffer-size", "50", "--actors", "2", "--length", "30"])
     assert r2d2.parse_args(["--lr", "0"]).learning_rate == 0.0
 
 
@@ -269,8 +274,11 @@ def test_example_runs_and_reports_one_json_line(tmp_path):
     assert result["sequences_added"] > 16       # past --min-size: the learner could start
     assert result["learner_steps"] > 0
     assert result["episodes"] > 0 and result["mean_return_last_20"] >= 8  # CartPole's minimum
-    # Every step starts a sequence every 10 steps of its episode (at least one per episode).
+    # Every episode makes at least one sequence (a sequence starts every 10 of its steps);
+    # the actor adds each step once, but for those still waiting at the stop: the n-step
+    # window (5) and an add batch (8) being collected, and one the limiter held back.
     assert result["sequences_added"] >= result["episodes"]
+    assert result["env_steps"] - (5 + 2 * 8) <= result["steps_added"] <= result["env_steps"]
     limit = result["rate_limit"]
     assert result["learner_steps"] * 8 <= (limit["samples_per_insert"]
                                            * result["sequences_added"]
