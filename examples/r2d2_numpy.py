@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dqn_numpy import MLP, Adam, huber  # noqa: E402
+from dqn_numpy import MLP, Adam, clip_global_norm, huber  # noqa: E402
 
 __all__ = ["GRU", "RecurrentQ", "R2D2", "nstep_targets"]
 
@@ -413,10 +413,7 @@ class R2D2:
         where a step was trained (not burn-in or padding, and it has a target), both
         ``(B, L)``."""
         _, abs_td, has, grads = self.loss_and_grads(batch)
-        norm = np.sqrt(sum(float(np.sum(g * g)) for g in grads))
-        if norm > self.max_grad_norm:
-            grads = [g * (self.max_grad_norm / norm) for g in grads]
-        self.optimizer.step(grads)
+        self.optimizer.step(clip_global_norm(grads, self.max_grad_norm))
         self.steps += 1
         if self.steps % self.target_every == 0:
             self.target.set_weights(self.network.params)
