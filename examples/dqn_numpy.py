@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-__all__ = ["MLP", "Adam", "DoubleDQN", "double_dqn_targets", "greedy_td_errors", "huber"]
+__all__ = ["MLP", "Adam", "DoubleDQN", "clip_global_norm", "double_dqn_targets",
+           "greedy_td_errors", "huber"]
 
 Discounts = Union[float, np.ndarray]
 
@@ -311,14 +312,26 @@ class DoubleDQN:
         (True, 1)
         """
         _, td_errors, grads = self.loss_and_grads(batch, discount)
-        norm = np.sqrt(sum(float(np.sum(g * g)) for g in grads))
-        if norm > self.max_grad_norm:
-            grads = [g * (self.max_grad_norm / norm) for g in grads]
-        self.optimizer.step(grads)
+        self.optimizer.step(clip_global_norm(grads, self.max_grad_norm))
         self.steps += 1
         if self.steps % self.target_every == 0:
             self.target.set_weights(self.network.params)
         return np.abs(td_errors)
+
+
+def clip_global_norm(grads: List[np.ndarray], max_norm: float) -> List[np.ndarray]:
+    """`grads` scaled down together so that their global norm is at most `max_norm`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> [g.tolist() for g in clip_global_norm([np.array([6.0]), np.array([8.0])], 5.0)]
+    [[3.0], [4.0]]
+    """
+    norm = np.sqrt(sum(float(np.sum(g * g)) for g in grads))
+    if norm > max_norm:
+        return [g * (max_norm / norm) for g in grads]
+    return grads
 
 
 def greedy_td_errors(network: MLP, obs: np.ndarray, act: np.ndarray, rew: np.ndarray,
