@@ -110,24 +110,31 @@ def _allocator(tensors: Optional[str]) -> Callable[[np.ndarray], np.ndarray]:
     return np.empty_like
 
 
+# What goes back to update_priorities, not to a network: numpy arrays whatever `tensors` says
+# (JAX's default 32-bit mode would truncate a uint64 generation).
+BOOKKEEPING = ("indexes", "generations")
+
+
 def _views(arrays: Dict[str, np.ndarray], tensors: Optional[str]) -> Dict[str, Any]:
-    """The objects yielded for one set, made once per set: the arrays, or tensors over them."""
+    """The objects yielded for one set: the arrays, or tensors over them (torch: made once per
+    set, views of its memory; jax: made per batch, since JAX copies where it cannot share)."""
     # Imported by name: neither is a dependency (nor has stubs here).
     if tensors == "torch":
-        torch = importlib.import_module("torch")
-        return {key: torch.from_numpy(value) for key, value in arrays.items()}
-    if tensors == "jax":
-        dlpack = importlib.import_module("jax.dlpack")
-        return {key: dlpack.from_dlpack(value) for key, value in arrays.items()}
-    return dict(arrays)
+        convert = importlib.import_module("torch").from_numpy
+    elif tensors == "jax":
+        convert = importlib.import_module("jax.dlpack").from_dlpack
+    else:
+        return dict(arrays)
+    return {key: value if key in BOOKKEEPING else convert(value)
+            for key, value in arrays.items()}
 
 
-def _owned(value: Any, tensors: Optional[str]) -> Any:
-    if tensors == "torch":
+def _owned(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if hasattr(value, "clone"):   # torch
         return value.clone()
-    if tensors == "jax":
-        return importlib.import_module("jax.numpy").array(value, copy=True)
-    return value.copy()
+    return importlib.import_module("jax.numpy").array(value, copy=True)
 
 
 def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: int,
@@ -301,9 +308,11 @@ class Prefetch:
         if views is None:
             arrays = ring.sets[slot]
             assert arrays is not None   # filled before its batch was queued
-            views = self._views[slot] = _views(arrays, self._tensors)
+            views = _views(arrays, self._tensors)
+            if self._tensors != "jax":
+                self._views[slot] = views
         if self._copy:
-            batch = {key: _owned(value, self._tensors) for key, value in views.items()}
+            batch = {key: _owned(value) for key, value in views.items()}
             with ring.cond:
                 ring.released += 1
                 ring.cond.notify_all()

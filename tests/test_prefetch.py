@@ -319,7 +319,11 @@ def test_torch_tensors_over_the_ring():
                 expected = twin.sample(8)
                 assert isinstance(batch["obs"], torch.Tensor)
                 assert batch["obs"].dtype == torch.float32
-                np.testing.assert_array_equal(batch["indexes"].numpy(), expected["indexes"])
+                np.testing.assert_array_equal(batch["obs"].numpy(), expected["obs"])
+                np.testing.assert_array_equal(batch["weights"].numpy(), expected["weights"])
+                # what goes back to update_priorities stays numpy
+                assert isinstance(batch["indexes"], np.ndarray)
+                np.testing.assert_array_equal(batch["indexes"], expected["indexes"])
                 ids.append(batch["obs"].data_ptr())
             assert len(set(ids)) == 2   # tensors over the two sets, not copies
             assert batch["obs"].is_pinned() == torch.cuda.is_available()
@@ -330,12 +334,19 @@ def test_jax_arrays_through_dlpack():
     with ReplayBuffer(64, ENV, seed=4) as rb, ReplayBuffer(64, ENV, seed=4) as twin:
         fill(rb, ENV, 32, 1)
         fill(twin, ENV, 32, 1)
-        with rb.prefetch(8, tensors="jax", copy=True) as batches:
-            for _ in range(3):
-                batch = next(batches)
-                assert isinstance(batch["obs"], jax.Array)
-                np.testing.assert_array_equal(np.asarray(batch["indexes"]),
-                                              twin.sample(8)["indexes"])
+        for copy in (False, True):
+            with rb.prefetch(8, tensors="jax", copy=copy) as batches:
+                for _ in range(4):
+                    batch = next(batches)
+                    expected = twin.sample(8)
+                    assert isinstance(batch["obs"], jax.Array)
+                    np.testing.assert_array_equal(np.asarray(batch["obs"]), expected["obs"])
+                    assert isinstance(batch["generations"], np.ndarray)
+                    assert batch["generations"].dtype == np.uint64
+                    np.testing.assert_array_equal(batch["indexes"], expected["indexes"])
+            # the twin draws what the thread had drawn ahead when it was closed (0 or 1)
+            for _ in range((rb.stats()["samples"] - twin.stats()["samples"]) // 8):
+                twin.sample(8)
 
 
 def test_missing_tensor_library_is_a_clear_import_error():
