@@ -87,6 +87,41 @@ def test_batches_are_what_sample_draws(case):
             assert applied == 16 and rb.get_max_priority() == 5.0
 
 
+SEQUENCE_ENV = {"obs": {"shape": 2}, "act": {"dtype": "int64"}, "rew": {}, "done": {},
+                "core": {"shape": 8}}
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_sequence_batches_are_what_sample_draws(cls):
+    """Sequence buffers (sequence=, issue 24) through the same sample(out=) path: batches of
+    (batch, length, ...) with their mask, as a twin's sample draws them."""
+    options = {"sequence": {"length": 12, "period": 4}, "lanes": 2, "seed": 3}
+    try:
+        rb = cls(1024, SEQUENCE_ENV, **options)
+    except TypeError as error:
+        if "sequence" not in str(error):
+            raise
+        pytest.skip("this build has no sequence buffers (sequence=)")
+    with rb, cls(1024, SEQUENCE_ENV, **options) as twin:
+        for handle in (rb, twin):
+            for t in range(60):
+                handle.add(obs=[t, t], act=t % 2, rew=1.0, done=float(t == 40),
+                           core=np.zeros(8))
+            handle.on_episode_end()
+        with rb.prefetch(4, beta=0.6, depth=3) as batches:
+            for _ in range(6):
+                batch = next(batches)
+                expected = sample_of(twin, 4, 0.6)
+                assert batch["obs"].shape == (4, 12, 2) and batch["mask"].shape == (4, 12)
+                assert sorted(batch) == sorted(expected)
+                for key in expected:
+                    np.testing.assert_array_equal(batch[key], expected[key], err_msg=key)
+                if isinstance(rb, PrioritizedReplayBuffer):
+                    for handle, drawn in ((rb, batch), (twin, expected)):
+                        handle.update_priorities(drawn["indexes"], np.ones(4),
+                                                 drawn["generations"])
+
+
 def test_uniform_ignores_beta_but_checks_it():
     with ReplayBuffer(16, ENV) as rb:
         fill(rb, ENV, 8, 1)
