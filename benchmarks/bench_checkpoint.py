@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/bench_checkpoint.py            # 2**20 rows, 7 interleaved rounds
     python benchmarks/bench_checkpoint.py --quick    # 2 rounds (a smoke run)
     python benchmarks/bench_checkpoint.py --dir /data --json results.json
+    python benchmarks/bench_checkpoint.py --quick --no-busy --profile-load 3   # where it goes
 
 One prioritized buffer of the transition of bench_buffer.py (obs float32[4], act int64, rew
 float32, next_obs float32[4], done float32; alpha=0.6) at 2**20 rows, full, with random
@@ -36,7 +37,8 @@ saves over its pace without a save (at least 0.8), and the longest single call (
 sample + update, a writer's add) while the saves ran (at most 50 ms), beside the longest call
 of the same loops without a save (what the machine's load alone gives). Load: its speed over
 ``np.load``'s for the same bytes is the inverse of the ratio "load / numpy load" (the goal: at
-least 0.5).
+least 0.5). ``--profile-load N`` then profiles N more loads (cProfile, the functions that
+took the most time of their own), to show where a load's time goes.
 
 Both sides read files they have just written, so loads come from the page cache. The table gives
 the median (min) milliseconds and the ratios ours/numpy (below 1: ours is faster).
@@ -45,8 +47,11 @@ the median (min) milliseconds and the ratios ours/numpy (below 1: ours is faster
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import sys
 import tempfile
 import time
@@ -176,6 +181,23 @@ def timed(call: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def profile_loads(cpprb_ray: Any, file: str, count: int) -> str:
+    """The functions that took the most time of their own in `count` loads of `file` (closing
+    each loaded buffer is not profiled); "" for 0 loads."""
+    if count < 1:
+        return ""
+    profiler = cProfile.Profile()
+    for _ in range(count):
+        profiler.enable()
+        loaded = cpprb_ray.PrioritizedReplayBuffer.load(file)
+        profiler.disable()
+        loaded.close()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(10)
+    return "\n".join(line for line in text.getvalue().splitlines()
+                     if line.strip() and not line.startswith(("   Ordered", "   List")))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 rounds")
@@ -186,6 +208,8 @@ def main(argv=None) -> int:
     parser.add_argument("--exponent", type=int, default=20, help="capacity 2**EXPONENT")
     parser.add_argument("--no-busy", action="store_true",
                         help="skip the saves while a learner and two writers run")
+    parser.add_argument("--profile-load", type=int, default=0, metavar="N",
+                        help="then profile N loads (cProfile: where a load's time goes)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     cpprb_ray = common.import_cpprb_ray()
@@ -219,6 +243,7 @@ def main(argv=None) -> int:
                  "numpy_bytes": os.path.getsize(numpy_file)}
         busy = ({} if args.no_busy else
                 busy_saves(rb, ours_file, plan["rounds"], float(np.median(times["save"]))))
+        profile = profile_loads(cpprb_ray, ours_file, args.profile_load)
     finally:
         rb.close()
         for file in (ours_file, numpy_file):
@@ -249,6 +274,9 @@ def main(argv=None) -> int:
               f"(goal: <= 50; {busy['longest_learner_call_without_save_ms']:.1f} without a save)")
         print(f"{'longest writer add, ms':<34}{busy['longest_add_ms']:>9.1f}   "
               f"(goal: <= 50; {busy['longest_add_without_save_ms']:.1f} without a save)")
+    if profile:
+        print(f"\nwhere {args.profile_load} loads took their time (cProfile, own time):")
+        print(profile)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"info": info, "capacity": capacity, "sizes": sizes, "times_s": times,

@@ -65,23 +65,16 @@ class Handle:
         if capacity <= 0:
             raise ValueError(f"size must be > 0; got {capacity}")
         limiter = rate_limiters.check_rate_limiter(rate_limiter, capacity)
-        # N-step first, on the columns add takes (next_obs included when next_of derives it);
-        # then the lanes, which store frame columns a plane per slot and derive next_of's.
-        columns = frames.with_next_columns(_layout.parse_env_dict(env_dict), next_of)
-        columns, nstep_config = nstep.plan_columns(columns, Nstep)
-        columns, lane_config = frames.LaneConfig.plan(columns, capacity, self._prioritized,
-                                                      next_of, stack_compress, lanes)
+        # The columns and the parts' configs, checked before anything is made.
         backend = _memory.resolve_backend(backend)
+        layout, lane_config, _ = _parts.plan_layout(capacity, env_dict, self._prioritized,
+                                                    backend, Nstep, next_of, stack_compress,
+                                                    lanes)
         if path is not None and backend != "mmap":
             raise ValueError("path= needs backend='mmap'")
         if seed is not None and _rules.as_count(seed, "seed") < 0:
             raise ValueError(f"seed must be >= 0; got {seed}")
-        # A bounded frame lane (cpprb's next_of / stack_compress) keeps `capacity` rows in more
-        # slots, so that filler slots do not take the rows' room (frames.bounded_slots).
-        slots = capacity if lane_config is None else lane_config.slots(capacity)
-        layout = _layout.plan(slots, columns, self._prioritized, backend,
-                              extra_meta=nstep.meta_of(nstep_config),
-                              lanes=None if lane_config is None else lane_config.to_meta())
+        slots = layout.capacity
         claimed: List[Ownership] = []
 
         def claim(location: str, identity: _memory.Identity) -> None:
@@ -174,7 +167,7 @@ class Handle:
         self._add = self._writer.add
         self._sample = self._sampler.sample
         self._update = self._sampler.update
-        self._image = _parts.image_of(self._store)
+        self._image = _parts.image_of(self._store, layout)
 
     @classmethod
     def attach(cls, name_or_path: PathLike, *, seed: Optional[int] = None,

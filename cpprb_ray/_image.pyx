@@ -1,16 +1,21 @@
 # cython: language_level=3
 """Checkpoint images of a store: its whole state copied out as one consistent snapshot, and a
-store's state replaced by such a copy, each in one GIL-free call under the segment's lock
-through the store's driver. The checkpoint file format around them is
-:mod:`cpprb_ray.checkpoint`'s.
+store's state replaced by such a copy, each through the store's driver under the segment's
+lock. The checkpoint file format around them is :mod:`cpprb_ray.checkpoint`'s.
+
+Two image parts: the ring's (:class:`StoreImage`: the stored slots' records, the generations
+past them, the stored leaves) and the lanes' (:class:`LaneImage`: a laned buffer's rows lie
+anywhere in its slots, so every record, every leaf and the lane table, its owners cleared).
 """
 
 from libc.stdint cimport int64_t, uint8_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
-from cpprb_ray._core cimport StoreView, store_dump, store_restore
+from cpprb_ray._core cimport StoreView, publish, store_dump, store_restore
 from cpprb_ray._limiter cimport SIDE_NONE, SIDE_RESET, Limiter
-from cpprb_ray._segment cimport HEADER_BYTES, Header
+from cpprb_ray._prefetch cimport prefetch
+from cpprb_ray._segment cimport HEADER_BYTES, OP_CLEAR, OP_NONE, Header, Lane
+from cpprb_ray._segtree cimport tree_clear_all, tree_rebuild
 from cpprb_ray._store cimport ReplayStore, limiter_state
 
 import numpy as np
@@ -305,6 +310,268 @@ def restore(ReplayStore store, rows, tail_generations, leaves, next_index, max_p
         store.leave()
 
 
+# -- a laned buffer's image ------------------------------------------------------------------------
+#
+# A laned buffer's rows lie anywhere in its slots (each writer's in its own lane, with filler
+# slots between them that hold frames only), so its image is every record, every leaf and the
+# lane table. The records are copied in chunks as the ring's are, each under its own hold; then
+# a last hold compares each slot's generation and links with the copy's and copies again every
+# record that moved meanwhile. Every change of a record moves them for good within one dump: a
+# write moves the generation on (it only grows), an eviction kills the link (only a write makes
+# it live again), an N-step completion sets the second link (only a write makes it incomplete
+# again), a clear or a repair's undo moves or tears the generation. So a record whose three
+# fields are as copied is the record the segment holds.
+
+cdef struct LaneDump:
+    uint8_t* rows                 # the copy: `capacity` records
+    int64_t copied                # records [0, copied) copied
+    Header* header
+    Limiter limiter
+    double* leaves                # `capacity` leaves
+    Lane* lanes                   # the lane table, its owners cleared
+    int64_t moved                 # records the last holds copied again
+    bint force                    # copy again whatever moved, however much
+
+
+cdef int64_t lane_dump_chunk_kernel(StoreView* view, void* arguments) noexcept nogil:
+    """Copy the next DUMP_CHUNK_BYTES of the records; returns the slots copied."""
+    cdef LaneDump* a = <LaneDump*>arguments
+    cdef int64_t count = min(view.capacity - a.copied, max(1, DUMP_CHUNK_BYTES // view.stride))
+    memcpy(a.rows + a.copied * view.stride, view.rows + a.copied * view.stride,
+           <size_t>(count * view.stride))
+    a.copied += count
+    return count
+
+
+cdef int64_t lane_dump_finish_kernel(StoreView* view, void* arguments) noexcept nogil:
+    """The last hold: every record whose generation or links moved since it was copied, copied
+    again; then the header, the limiter, the leaves and the lane table (its owners cleared: a
+    loaded buffer has no writers). When the records that moved come to more than
+    DUMP_FINAL_BYTES (and not `force`), copies that much and returns DUMP_AGAIN: another hold
+    finishes, with less to copy. Returns the stored size."""
+    cdef LaneDump* a = <LaneDump*>arguments
+    cdef int64_t slot, stride = view.stride, moved = 0, lane
+    cdef size_t marks = <size_t>(view.lanes.link_offset + 8)   # the generation and the links
+    cdef uint8_t* copy
+    cdef const uint8_t* record
+    for slot in range(view.capacity):
+        if slot + 8 < view.capacity:
+            prefetch(view.rows + (slot + 8) * stride)
+            prefetch(a.rows + (slot + 8) * stride)
+        record = view.rows + slot * stride
+        copy = a.rows + slot * stride
+        if memcmp(copy, record, marks) == 0:
+            continue
+        if not a.force and moved * stride >= DUMP_FINAL_BYTES:
+            return DUMP_AGAIN
+        memcpy(copy, record, <size_t>stride)
+        moved += 1
+        a.moved += 1
+    memcpy(a.header, view.header, sizeof(Header))
+    a.limiter = view.limiter[0]
+    memcpy(a.leaves, view.tree.sums, <size_t>view.capacity * sizeof(double))
+    memcpy(a.lanes, view.lanes.records, <size_t>view.lanes.count * sizeof(Lane))
+    for lane in range(view.lanes.count):
+        a.lanes[lane].owner_pid = 0
+        a.lanes[lane].owner_start = 0
+        a.lanes[lane].owner_token = 0
+        a.lanes[lane].owner_pidns = 0
+        a.lanes[lane].spare = 0
+    return <int64_t>view.header.stored_size
+
+
+cdef struct LaneRestore:
+    const uint8_t* rows           # `capacity` records
+    const double* leaves          # `capacity` leaves
+    const Lane* lanes             # the lane table
+    uint64_t next_index
+    double max_priority
+    uint64_t rows_added
+    uint64_t limiter_inserts
+    uint64_t limiter_samples
+
+
+cdef int64_t lane_restore_kernel(StoreView* view, void* arguments) noexcept nogil:
+    """Replace a laned buffer's state by a dump_lanes() image (validated by the caller): every
+    record, every leaf, each lane's head, fill and write count, with no owner; the stored size
+    is counted again from the records (the lane part's count_rows). Returns the stored size.
+
+    Marked as a clear while it writes, as store_restore is: a loader killed half-way leaves a
+    buffer that the next locker's repair empties."""
+    cdef LaneRestore* a = <LaneRestore*>arguments
+    cdef Header* h = view.header
+    cdef int64_t lane
+    publish(&h.op, OP_CLEAR)
+    memcpy(view.rows, a.rows, <size_t>(view.capacity * view.stride))
+    for lane in range(view.lanes.count):
+        view.lanes.records[lane].owner_pid = 0
+        view.lanes.records[lane].owner_start = 0
+        view.lanes.records[lane].owner_token = 0
+        view.lanes.records[lane].owner_pidns = 0
+        view.lanes.records[lane].head = a.lanes[lane].head
+        view.lanes.records[lane].filled = a.lanes[lane].filled
+        view.lanes.records[lane].writes = a.lanes[lane].writes
+        view.lanes.records[lane].spare = 0
+    tree_clear_all(&view.tree)
+    memcpy(view.tree.sums, a.leaves, <size_t>view.capacity * sizeof(double))
+    tree_rebuild(&view.tree)
+    h.next_index = a.next_index
+    h.stored_size = <uint64_t>view.part.count_rows(view)
+    h.pending_lane = 0
+    h.max_priority = a.max_priority
+    h.rows_added = a.rows_added
+    view.limiter.insert_base = a.rows_added - a.limiter_inserts
+    view.limiter.sample_base = h.rows_sampled - a.limiter_samples
+    publish(&h.op, OP_NONE)
+    return <int64_t>h.stored_size
+
+
+cdef int check_laned(ReplayStore store) except -1:
+    # The lane part binds its table to the view when a handle's parts are chosen
+    # (_lanes.lanes_bind); a store without it has no lane table to image.
+    if store.view.lanes.count < 1 or store.view.part.count_rows == NULL:
+        raise ValueError("this store is not a laned buffer's (or its lane part is not bound)")
+    return 0
+
+
+def dump_lanes(ReplayStore store):
+    """dump_lanes(store) -> (header dict, rows, leaves, lanes): a laned buffer's whole state as
+    ONE consistent snapshot, copied without holding the lock long: every record in chunks of
+    4 MiB, each under its own hold, then in a last hold every record that moved meanwhile (its
+    generation or links changed), the leaves, the lane table and the header.
+
+    `rows` (uint8) holds all `capacity` records as they lie in the segment (generation, links,
+    fields); `leaves` (float64) every slot's leaf weight, bit for bit (-0.0: unset); `lanes`
+    (uint8) the lane table, 64 bytes a lane, with every owner cleared (a loaded buffer has no
+    writers: its next writers claim the lanes again). The header dict also says how many times
+    the copy took the lock ("lock_holds"), how many records the last holds copied again
+    ("recopied") and the rows added since the last clear ("rows_since_clear").
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer, _image
+    >>> with ReplayBuffer(8, {"obs": {}}, lanes=2) as rb:
+    ...     _ = rb.add(obs=[1.0, 2.0])
+    ...     header, rows, leaves, lanes = _image.dump_lanes(rb._store)
+    >>> header["stored_size"], rows.nbytes == 8 * rb._layout.row_stride, lanes.nbytes
+    (2, True, 128)
+    >>> leaves.tolist()[:3]      # lane 0 holds the two rows (a uniform buffer weighs each 1)
+    [1.0, 1.0, -0.0]
+    """
+    cdef LaneDump progress
+    cdef uint8_t[::1] rows_view
+    cdef double[::1] leaves_view
+    cdef uint8_t[::1] lanes_view
+    cdef int64_t result = 0
+    cdef int catch, holds = 0
+    check_laned(store)
+    header = bytearray(HEADER_BYTES)
+    cdef uint8_t[::1] header_view = header
+    store.enter()
+    try:
+        rows = np.empty(store.view.capacity * store.view.stride, dtype=np.uint8)
+        leaves = np.empty(store.view.capacity, dtype=np.float64)
+        lanes = np.zeros(store.view.lanes.count * sizeof(Lane), dtype=np.uint8)
+        # Pages faulted in before the lock is taken (see dump()).
+        rows[::4096] = 0
+        leaves[::512] = 0
+        rows_view = rows
+        leaves_view = leaves
+        lanes_view = lanes
+        progress.rows = &rows_view[0]
+        progress.copied = 0
+        progress.moved = 0
+        progress.header = <Header*>&header_view[0]
+        progress.leaves = &leaves_view[0]
+        progress.lanes = <Lane*>&lanes_view[0]
+        while progress.copied < store.view.capacity:
+            holds += 1
+            store.run(lane_dump_chunk_kernel, &progress, SIDE_NONE, 0, 0.0)
+        for catch in range(8):   # catch up with the writers, then finish what is left
+            progress.force = catch == 7
+            holds += 1
+            result = store.run(lane_dump_finish_kernel, &progress, SIDE_NONE, 0, 0.0)
+            if result != DUMP_AGAIN:
+                break
+        fields = read_header(header)
+        fields["rate_limiter"] = limiter_state(<Header*>&header_view[0], &progress.limiter)
+        fields["lock_holds"] = holds
+        fields["recopied"] = progress.moved
+        # Rows added since the last clear (what a bounded lane numbers its rows by), limiter
+        # or not: the limiter record's base moves at every clear.
+        fields["rows_since_clear"] = (fields["rows_added"] - progress.limiter.insert_base) % 2**64
+        return fields, rows, leaves, lanes
+    finally:
+        store.leave()
+
+
+def restore_lanes(ReplayStore store, rows, leaves, lanes, next_index, max_priority, rows_added,
+                  limiter_inserts=0, limiter_samples=0):
+    """Replace a laned buffer's whole state by a dump_lanes() image, in one GIL-free call under
+    the lock; returns the stored size, counted again from the records. The rate limiter's counts
+    (if it has one) become `limiter_inserts` and `limiter_samples`.
+
+    The caller (:mod:`cpprb_ray.checkpoint`) validates the image against this buffer's layout
+    first (links, leaves, lane heads); here only the sizes are checked, so that no copy leaves
+    its memory.
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer, _image
+    >>> with ReplayBuffer(8, {"obs": {}}, lanes=2) as rb, \\
+    ...         ReplayBuffer(8, {"obs": {}}, lanes=2) as copy:
+    ...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+    ...     header, rows, leaves, lanes = _image.dump_lanes(rb._store)
+    ...     print(_image.restore_lanes(copy._store, rows, leaves, lanes, header["next_index"],
+    ...                                header["max_priority"], header["rows_added"]))
+    ...     print(copy.get_all_transitions()["obs"].ravel())
+    3
+    [1. 2. 3.]
+    """
+    cdef LaneRestore arguments
+    cdef const uint8_t[::1] rows_view = rows
+    cdef const double[::1] leaves_view = leaves
+    cdef const uint8_t[::1] lanes_view = lanes
+    cdef int64_t capacity
+    cdef int64_t lane, size
+    cdef const Lane* records
+    check_laned(store)
+    capacity = store.view.capacity
+    if rows_view.shape[0] != capacity * store.view.stride:
+        raise ValueError(f"rows must be {capacity} records of {store.view.stride} bytes; got "
+                         f"{rows_view.shape[0]} bytes")
+    if leaves_view.shape[0] != capacity:
+        raise ValueError(f"leaves must have one entry per slot ({capacity}); got "
+                         f"{leaves_view.shape[0]}")
+    if lanes_view.shape[0] != store.view.lanes.count * <int64_t>sizeof(Lane):
+        raise ValueError(f"lanes must be {store.view.lanes.count} records of {sizeof(Lane)} "
+                         f"bytes; got {lanes_view.shape[0]} bytes")
+    records = <const Lane*>&lanes_view[0]
+    for lane in range(store.view.lanes.count):
+        size = (lane + 1) * capacity // store.view.lanes.count - lane * capacity // \
+            store.view.lanes.count
+        if records[lane].head >= <uint64_t>size or records[lane].filled > <uint64_t>size:
+            raise ValueError(f"lane {lane}: head {records[lane].head} and fill "
+                             f"{records[lane].filled} do not fit its {size} slots")
+    if not 0 <= next_index < capacity:
+        raise ValueError(f"next_index {next_index} does not fit {capacity} slots")
+    if not (max_priority >= 0.0 and max_priority < float("inf")):
+        raise ValueError(f"max_priority must be finite and >= 0; got {max_priority}")
+    arguments.rows = &rows_view[0]
+    arguments.leaves = &leaves_view[0]
+    arguments.lanes = records
+    arguments.next_index = next_index
+    arguments.max_priority = max_priority
+    arguments.rows_added = rows_added
+    arguments.limiter_inserts = limiter_inserts
+    arguments.limiter_samples = limiter_samples
+    store.enter()
+    try:
+        return store.run(lane_restore_kernel, &arguments, SIDE_RESET, 0, 0.0)
+    finally:
+        store.leave()
+
+
 class StoreImage:
     """The checkpoint image part of a handle on a segment it sees: :func:`dump` and
     :func:`restore` of its store (a remote handle's store stands in for it with its own).
@@ -326,3 +593,26 @@ class StoreImage:
 
     def restore(self, *arguments):
         return restore(self.store, *arguments)
+
+
+class LaneImage:
+    """The checkpoint image part of a handle on a laned buffer: :func:`dump_lanes` and
+    :func:`restore_lanes` of its store (whose lane part is bound).
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer
+    >>> with ReplayBuffer(8, {"obs": {}}, lanes=2) as rb:
+    ...     _ = rb.add(obs=1.0)
+    ...     print(type(rb._image).__name__, rb._image.dump()[0]["stored_size"])
+    LaneImage 1
+    """
+
+    def __init__(self, ReplayStore store):
+        self.store = store
+
+    def dump(self):
+        return dump_lanes(self.store)
+
+    def restore(self, *arguments):
+        return restore_lanes(self.store, *arguments)

@@ -42,12 +42,12 @@ LaneWriter LaneSampler
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from cpprb_ray import _compat, _rules, frames, nstep
-from cpprb_ray._image import StoreImage
+from cpprb_ray import _compat, _layout, _rules, frames, nstep
+from cpprb_ray._image import LaneImage, StoreImage
 from cpprb_ray._layout import Column, Layout
 
 
@@ -212,13 +212,42 @@ class CheckingSampler:
         return int(self._inner.update(indexes, priorities, generations))
 
 
-def image_of(store: Any) -> Any:
-    """The checkpoint image part (dump, restore) of a handle on `store`: the store's own where
-    it stands in for a segment this process cannot see (a remote handle's), else
-    :class:`cpprb_ray._image.StoreImage`."""
+def image_of(store: Any, layout: Layout) -> Any:
+    """The checkpoint image part (dump, restore) of a handle on `store` (after :func:`choose`,
+    which binds a laned buffer's lane part): the store's own where it stands in for a segment
+    this process cannot see (a remote handle's), else :class:`cpprb_ray._image.LaneImage` for
+    a laned layout and :class:`cpprb_ray._image.StoreImage` for the ring."""
     if getattr(store, "is_remote", False):
         return store
-    return StoreImage(store)
+    return LaneImage(store) if "lanes" in layout.meta else StoreImage(store)
+
+
+def plan_layout(capacity: int, env_dict: Mapping[str, Any], prioritized: bool, backend: str,
+                Nstep: Optional[Mapping[str, Any]] = None, next_of: frames.Names = None,
+                stack_compress: frames.Names = None, lanes: Optional[int] = None,
+                ) -> Tuple[Layout, Optional[frames.LaneConfig], Optional[nstep.NstepConfig]]:
+    """(layout, lane config, N-step config) of a new buffer of `capacity` rows, as its
+    constructor lays it out (nothing is allocated): N-step first, on the columns add takes
+    (next_obs included when next_of derives it); then the lanes, which store frame columns a
+    plane per slot and derive next_of's. A bounded frame lane (cpprb's next_of /
+    stack_compress) keeps `capacity` rows in more slots (frames.bounded_slots).
+
+    Examples
+    --------
+    >>> from cpprb_ray._parts import plan_layout
+    >>> layout, lanes, steps = plan_layout(8, {"obs": {}}, False, "shm", lanes=2)
+    >>> layout.capacity, lanes.count, steps
+    (8, 2, None)
+    """
+    columns = frames.with_next_columns(_layout.parse_env_dict(env_dict), next_of)
+    columns, nstep_config = nstep.plan_columns(columns, Nstep)
+    columns, lane_config = frames.LaneConfig.plan(columns, capacity, prioritized, next_of,
+                                                  stack_compress, lanes)
+    slots = capacity if lane_config is None else lane_config.slots(capacity)
+    layout = _layout.plan(slots, columns, prioritized, backend,
+                          extra_meta=nstep.meta_of(nstep_config),
+                          lanes=None if lane_config is None else lane_config.to_meta())
+    return layout, lane_config, nstep_config
 
 
 def choose(store: Any, layout: Layout, location: str,

@@ -6,8 +6,13 @@ The file (docs/checkpoints.md)::
          (u32), description length (u64), payload length (u64), crc32 of the description (u32),
          crc32 of the payload (u32), 20 reserved zero bytes, crc32 of the 60 bytes before (u32)
     64   description: UTF-8 JSON, padded with spaces to a multiple of 64 bytes
-    ...  payload: the sections the description lists ("rows", "tail_generations", "leaves"),
-         each at a 64-byte aligned offset from the payload's start
+    ...  payload: the sections the description lists, each at a 64-byte aligned offset from the
+         payload's start: version 1 (a plain ring's buffer) "rows" (the stored slots' records),
+         "tail_generations", "leaves"; version 2 (a laned buffer: its description has "lanes")
+         "rows" (every slot's record), "leaves" (every slot's), "lanes" (the lane table)
+
+A plain buffer's file is written as version 1, which every reader loads; only a laned buffer's
+is version 2, which a reader of version 1 refuses by its version.
 
 A save writes a temporary file in the target's directory, fsyncs it, renames it over the target
 and fsyncs the directory, so a save killed at any moment leaves the previous checkpoint whole.
@@ -29,14 +34,27 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from cpprb_ray import _compat, _layout, _memory, _proc, _rules, _segment, nstep, rate_limiters
+from cpprb_ray import (
+    _compat,
+    _layout,
+    _memory,
+    _parts,
+    _proc,
+    _rules,
+    _segment,
+    nstep,
+    rate_limiters,
+)
 from cpprb_ray._atomic import remove_stale_temporaries, write_atomically
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "remove_stale_temporaries", "save",
            "write_file"]
 
 MAGIC = b"CPPRBCKP"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2                         # the newest version this cpprb_ray reads
+_RING_VERSION = 1                          # a plain ring's buffer
+_LANED_VERSION = 2                         # a laned buffer (lanes, next_of, stack_compress)
+_READABLE = (_RING_VERSION, _LANED_VERSION)
 _PREFIX = struct.Struct("<8sIIQQII20sI")   # see the module docstring; 64 bytes
 _ALIGN = 64
 _CRC_CHUNK = 1 << 30                       # zlib.crc32 takes at most 4 GiB at once on some builds
@@ -45,6 +63,10 @@ _READ_CHUNK = 16 << 20                     # a load reads and checksums the payl
 # that says more is refused before the description is read.
 _DESCRIPTION_LIMIT = 64 << 20
 _SECTIONS = ("rows", "tail_generations", "leaves")
+_LANED_SECTIONS = ("rows", "leaves", "lanes")
+
+
+_READS = f"versions {', '.join(map(str, _READABLE[:-1]))} and {_READABLE[-1]}"
 
 
 def _align(value: int) -> int:
@@ -173,8 +195,9 @@ def open_for_writing(path: str) -> Any:
 # -- the file format ------------------------------------------------------------------------------
 
 def write_file(file: Any, description: Mapping[str, Any],
-               sections: Sequence[Tuple[str, Any]]) -> None:
-    """Write `description` (JSON-able) and `sections` (name, bytes-like) to `file`, atomically.
+               sections: Sequence[Tuple[str, Any]], version: int = _RING_VERSION) -> None:
+    """Write `description` (JSON-able) and `sections` (name, bytes-like) to `file`, atomically,
+    as format `version` (1, or 2 for a laned buffer's).
 
     The description gains a "sections" entry: ``{name: [offset, length]}`` within the payload.
     A temporary file in the same directory is written, fsynced and renamed over `file`, and the
@@ -201,6 +224,7 @@ def write_file(file: Any, description: Mapping[str, Any],
         views.append((payload_length, view))
         payload_length += len(view)
     document = dict(description)
+    document.pop("format_version", None)     # read_file's: the prefix says it
     document["sections"] = offsets
     text = json.dumps(document, allow_nan=False).encode()
     text += b" " * (_align(len(text)) - len(text))
@@ -213,7 +237,9 @@ def write_file(file: Any, description: Mapping[str, Any],
         payload_crc = _crc32(view, payload_crc)
         chunks += [padding, view]
         position = offset + len(view)
-    head = _PREFIX.pack(MAGIC, FORMAT_VERSION, _PREFIX.size, len(text), payload_length,
+    if version not in _READABLE:
+        raise ValueError(f"version must be one of {_READABLE}; got {version!r}")
+    head = _PREFIX.pack(MAGIC, version, _PREFIX.size, len(text), payload_length,
                         zlib.crc32(text), payload_crc, bytes(20), 0)[:-4]
     prefix = head + struct.pack("<I", zlib.crc32(head))
     write_atomically(path_of(file), [prefix, text] + chunks)
@@ -221,7 +247,8 @@ def write_file(file: Any, description: Mapping[str, Any],
 
 def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None,
               ) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
-    """(description, {section name: bytes}) of a checkpoint, after every check of the format.
+    """(description, {section name: bytes}) of a checkpoint, after every check of the format;
+    the description's "format_version" is the prefix's.
 
     ValueError naming `file` when it is truncated, longer than it says, not a checkpoint, of
     another format version, when a checksum (prefix, description, payload) does not match, or
@@ -261,12 +288,11 @@ def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None
         if zlib.crc32(prefix[:-4]) != prefix_crc:
             # A later version may lay the rest of its prefix out differently: name it too.
             raise refused(file, "the prefix's checksum does not match (corrupt prefix" + (
-                "" if version == FORMAT_VERSION else
+                "" if version in _READABLE else
                 f", or the prefix of format version {version}, which this cpprb_ray cannot "
-                f"read: it reads version {FORMAT_VERSION}") + ")")
-        if version != FORMAT_VERSION:
-            raise refused(file, f"format version {version}; this cpprb_ray reads version "
-                                f"{FORMAT_VERSION}")
+                f"read: it reads {_READS}") + ")")
+        if version not in _READABLE:
+            raise refused(file, f"format version {version}; this cpprb_ray reads {_READS}")
         if prefix_size != _PREFIX.size:
             raise refused(file, f"prefix size {prefix_size}, expected {_PREFIX.size}")
         expected = _PREFIX.size + text_length + payload_length
@@ -285,6 +311,7 @@ def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None
             raise refused(file, "the description's checksum does not match (corrupt "
                                 "description)")
         description, spans = _parse_description(file, text, payload_length)
+        description["format_version"] = version
         if check is not None:
             check(description)
         try:
@@ -362,7 +389,29 @@ def _read_into(handle: Any, view: memoryview) -> int:
 # -- a buffer's state <-> a checkpoint ----------------------------------------------------------
 
 # Features that record their configuration in the layout's meta and that a load restores.
-_RESTORED_FEATURES = (nstep.META_KEY,)
+_LANES = "lanes"        # a laned buffer's config (cpprb_ray.frames.LaneConfig.to_meta)
+_RESTORED_FEATURES = (nstep.META_KEY, _LANES)
+
+
+def _record_marks(rows: Any, capacity: int, stride: int,
+                  ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(generations, links, aheads) of a laned buffer's `capacity` records: each record's
+    uint64 generation and, right after it, its two int32 links (_segment.pxd)."""
+    at = _layout.GENERATION_BYTES
+    return (np.ndarray((capacity,), np.uint64, rows, 0, (stride,)),
+            np.ndarray((capacity,), np.int32, rows, at, (stride,)),
+            np.ndarray((capacity,), np.int32, rows, at + 4, (stride,)))
+
+
+def _live_rows(rows: Any, capacity: int, stride: int) -> np.ndarray:
+    """Which of a laned buffer's records hold a committed row, the lane part's rule
+    (_lanes.is_live_row): a row's link (>= 1), complete (its second link >= 0), not torn (an
+    even generation)."""
+    return _live(*_record_marks(rows, capacity, stride))
+
+
+def _live(generations: np.ndarray, links: np.ndarray, aheads: np.ndarray) -> np.ndarray:
+    return (links >= 1) & (aheads >= 0) & (generations & 1 == 0)
 
 
 def save(buffer: Any, file: Any) -> None:
@@ -388,11 +437,22 @@ def save(buffer: Any, file: Any) -> None:
     if unknown:
         raise ValueError(f"cannot checkpoint this buffer: it uses {unknown}, which this "
                          f"cpprb_ray's checkpoints do not record")
-    header, rows, tail, leaves = buffer._image.dump()
-    # Generations past the stored slots matter only up to the last slot ever written (a clear
-    # leaves them odd-free but nonzero): an add there continues from them.
-    written = np.flatnonzero(tail)
-    tail = tail[:written[-1] + 1 if written.size else 0]
+    laned = _LANES in layout.meta
+    sections: List[Tuple[str, Any]]
+    if laned:
+        # Every record, every leaf and the lane table (owners cleared); the stored size is the
+        # rows the records hold (staged N-step rows are not rows yet).
+        header, rows, leaves, lanes = buffer._image.dump()
+        stored = int(_live_rows(rows, layout.capacity, layout.row_stride).sum())
+        sections = [("rows", rows), ("leaves", leaves), ("lanes", lanes)]
+    else:
+        header, rows, tail, leaves = buffer._image.dump()
+        stored = header["stored_size"]
+        # Generations past the stored slots matter only up to the last slot ever written (a
+        # clear leaves them odd-free but nonzero): an add there continues from them.
+        written = np.flatnonzero(tail)
+        tail = tail[:written[-1] + 1 if written.size else 0]
+        sections = [("rows", rows), ("tail_generations", tail), ("leaves", leaves)]
     description = {
         "kind": "prioritized" if layout.prioritized else "uniform",
         "capacity": layout.capacity,
@@ -403,7 +463,7 @@ def save(buffer: Any, file: Any) -> None:
         "nstep": buffer.nstep,
         "columns": [column.to_json() for column in layout.columns],
         "row_stride": layout.row_stride,
-        "state": {"stored_size": header["stored_size"], "next_index": header["next_index"],
+        "state": {"stored_size": stored, "next_index": header["next_index"],
                   "max_priority": header["max_priority"], "rows_added": header["rows_added"]},
         # The limiter and its counts of the same moment (docs/rate_limiting.md), or None.
         "rate_limiter": None if header["rate_limiter"] is None else {
@@ -411,8 +471,11 @@ def save(buffer: Any, file: Any) -> None:
             for key in ("kind", "samples_per_insert", "min_size_to_sample", "min_diff",
                         "max_diff", "inserts", "samples")},
     }
-    write_file(path, description, [("rows", rows), ("tail_generations", tail),
-                                   ("leaves", leaves)])
+    if laned:
+        description[_LANES] = layout.meta[_LANES]
+        # What a bounded lane numbers its rows by (cpprb's indexes), with or without a limiter.
+        description["state"]["rows_since_clear"] = header["rows_since_clear"]
+    write_file(path, description, sections, _LANED_VERSION if laned else _RING_VERSION)
 
 
 class _Checkpoint:
@@ -485,17 +548,27 @@ class _Checkpoint:
         self.env_dict = {str(name): {"shape": tuple(spec["shape"]), "dtype": str(spec["dtype"])}
                          for name, spec in description["env_dict"].items()}
         self.nstep = description["nstep"]
+        version = description["format_version"]
+        self.lane_meta: Any = description.get(_LANES)
+        if (self.lane_meta is None) != (version == _RING_VERSION):
+            raise ValueError(f"format version {version} " + (
+                "without a lane section" if self.lane_meta is None else "with a lane section"))
+        # The constructor's arguments: a laned buffer's lanes, next_of and stack_compress, and
+        # the size it was given (a bounded frame lane keeps that many rows in more slots).
+        self.lane_options = {} if self.lane_meta is None else _lane_options(self.lane_meta)
+        self.size = self.capacity
+        if self.lane_meta is not None and self.lane_meta["rows"]:
+            self.size = _integer(self.lane_meta["rows"], "lanes rows")
         # The same rules as the constructor's, so that a crafted description is refused here,
-        # naming the file, and not by the constructor.
-        columns, config = nstep.plan_columns(_layout.parse_env_dict(self.env_dict), self.nstep)
+        # naming the file, and not by the constructor. The layout the constructor will make
+        # (computed, nothing allocated): a file laid out otherwise is refused before a buffer
+        # of its capacity is made.
+        planned, _, _ = _parts.plan_layout(self.size, self.env_dict, self.prioritized, "shm",
+                                           self.nstep, **self.lane_options)
         self.columns = description["columns"]
-        if [column["name"] for column in self.columns] != [c.name for c in columns]:
+        if [column["name"] for column in self.columns] != [c.name for c in planned.columns]:
             raise ValueError("its columns are not those of its env_dict")
         self.row_stride = _integer(description["row_stride"], "row_stride")
-        # The layout the constructor will make (computed, nothing allocated): a file laid out
-        # otherwise is refused before a buffer of its capacity is made.
-        planned = _layout.plan(self.capacity, columns, self.prioritized, "shm",
-                               extra_meta=nstep.meta_of(config))
         self.layout_fits = self.matches(planned)
         self.segment_size = planned.total_size
         state = description["state"]
@@ -511,7 +584,8 @@ class _Checkpoint:
             raise ValueError(f"rows added {self.rows_added} with {self.stored_size} rows "
                              f"stored")
         if not 0 <= self.next_index < self.capacity or (
-                self.stored_size < self.capacity and self.next_index != self.stored_size):
+                self.lane_meta is None and self.stored_size < self.capacity
+                and self.next_index != self.stored_size):
             raise ValueError(f"next index {self.next_index} with {self.stored_size} of "
                              f"{self.capacity} slots stored")
         if not 0.0 <= self.max_priority < float("inf"):
@@ -520,9 +594,15 @@ class _Checkpoint:
             _rules.check_priorities(np.array([self.max_priority]), self.alpha, self.eps,
                                     self.capacity, "max_priority")
         lengths = {name: length for name, (_, length) in description["sections"].items()}
-        missing = [name for name in _SECTIONS if name not in lengths]
+        missing = [name for name in (_SECTIONS if self.lane_meta is None else _LANED_SECTIONS)
+                   if name not in lengths]
         if missing:
             raise ValueError(f"sections {missing} missing")
+        self._parse_limiter(description.get("rate_limiter"))
+        if self.lane_meta is not None:
+            self._parse_since_clear(state)
+            self._check_lane_lengths(lengths)
+            return
         if self.row_stride < 8 or lengths["rows"] != self.stored_size * self.row_stride:
             raise ValueError(f"{lengths['rows']} bytes of rows for {self.stored_size} rows of "
                              f"{self.row_stride} bytes")
@@ -532,9 +612,21 @@ class _Checkpoint:
         expected = 8 * self.stored_size if self.prioritized else 0
         if lengths["leaves"] != expected:
             raise ValueError(f"{lengths['leaves']} bytes of leaves for {expected // 8} rows")
-        self._parse_limiter(description.get("rate_limiter"))
+
+    def _check_lane_lengths(self, lengths: Dict[str, int]) -> None:
+        """A laned file's sections: every slot's record and leaf, and a record per lane."""
+        self.lane_count = _integer(self.lane_meta["count"], "lanes count")
+        expected = {"rows": self.capacity * self.row_stride, "leaves": 8 * self.capacity,
+                    "lanes": _layout.LANE_BYTES * self.lane_count}
+        for name, length in expected.items():
+            if lengths[name] != length:
+                raise ValueError(f"{lengths[name]} bytes of {name} for {self.capacity} slots "
+                                 f"in {self.lane_count} lanes (expected {length})")
 
     def _parse_payload(self, sections: Dict[str, memoryview]) -> None:
+        if self.lane_meta is not None:
+            self._parse_lanes(sections)
+            return
         self.rows = sections["rows"]
         self.tail = _array(sections["tail_generations"], np.uint64, "tail_generations")
         if len(self.tail) > self.capacity - self.stored_size:
@@ -547,7 +639,7 @@ class _Checkpoint:
         """The rate limiter (rebuilt through its class, so its rules apply) and its counts;
         none in a file saved without one (or before limiters were saved)."""
         self.limiter: Optional[rate_limiters.RateLimiter] = None
-        self.limiter_counts = (0, 0)
+        self.limiter_counts: Tuple[int, int] = (0, 0)
         if saved is None:
             return
         kind = saved["kind"]
@@ -559,7 +651,7 @@ class _Checkpoint:
                 (saved["min_diff"], saved["max_diff"]))
         else:
             raise ValueError(f"unknown rate limiter {kind!r}")
-        self.limiter.check_capacity(self.capacity)
+        self.limiter.check_capacity(self.size)
         inserts = _integer(saved["inserts"], "rate_limiter inserts")
         samples = _integer(saved["samples"], "rate_limiter samples")
         if not (0 <= inserts < 2**63 and 0 <= samples < 2**63):
@@ -570,6 +662,18 @@ class _Checkpoint:
             raise ValueError(f"rate limiter inserts {inserts} with {self.stored_size} rows "
                              f"stored and {self.rows_added} ever added")
         self.limiter_counts = (inserts, samples)
+
+    def _parse_since_clear(self, state: Dict[str, Any]) -> None:
+        """A laned file's rows added since the last clear, which the restore keeps (in the
+        limiter record's base, which every clear moves) with or without a limiter."""
+        since = _integer(state["rows_since_clear"], "rows_since_clear")
+        if not self.stored_size <= since <= self.rows_added:
+            raise ValueError(f"rows since the last clear {since} with {self.stored_size} rows "
+                             f"stored and {self.rows_added} ever added")
+        if self.limiter is not None and self.limiter_counts[0] != since:
+            raise ValueError(f"rate limiter inserts {self.limiter_counts[0]}, rows since the "
+                             f"last clear {since}")
+        self.limiter_counts = (since, self.limiter_counts[1])
 
     def _check_leaves(self) -> None:
         expected = self.stored_size if self.prioritized else 0
@@ -597,9 +701,88 @@ class _Checkpoint:
             raise ValueError(f"slot {int(np.flatnonzero(torn)[0])} is torn (odd generation) "
                              f"but has a weight")
 
+    def _parse_lanes(self, sections: Dict[str, memoryview]) -> None:
+        """A laned file's payload, checked as the kernels will index it: lanes without owners
+        whose heads and fills fit them, links a write leaves, leaves that are weights on live
+        rows and unset elsewhere, and as many live rows as the state says."""
+        capacity, count = self.capacity, self.lane_count
+        self.rows = sections["rows"]
+        self.leaves = _array(sections["leaves"], np.float64, "leaves")
+        self.lanes = sections["lanes"]
+        table = _array(self.lanes, np.uint64, "lanes").reshape(count, _layout.LANE_BYTES // 8)
+        # Lane i holds slots [i * capacity // count, (i + 1) * capacity // count) (_lanes).
+        starts = np.array([lane * capacity // count for lane in range(count + 1)],
+                          dtype=np.int64)
+        sizes = np.diff(starts)
+        owned = np.flatnonzero(table[:, [0, 1, 2, 6, 7]].any(axis=1))
+        if owned.size:
+            raise ValueError(f"lane {int(owned[0])} has an owner; a checkpoint's lanes have none")
+        bad = np.flatnonzero((table[:, 3] >= sizes.astype(np.uint64))
+                             | (table[:, 4] > sizes.astype(np.uint64)))
+        if bad.size:
+            lane = int(bad[0])
+            raise ValueError(f"lane {lane}: head {int(table[lane, 3])} and fill "
+                             f"{int(table[lane, 4])} do not fit its {int(sizes[lane])} slots")
+        generations, links, aheads = _record_marks(self.rows, capacity, self.row_stride)
+        stack_max = max([_integer(entry["stack"], "stack") for entry in self.lane_meta["frames"]]
+                        + [1])
+        bad = np.flatnonzero((links < -2) | (links > stack_max))
+        if bad.size:
+            raise ValueError(f"slot {int(bad[0])}'s link is {int(links[bad[0]])}, which no "
+                             f"write leaves (stacks of {stack_max})")
+        lane_of = np.searchsorted(starts, np.arange(capacity), side="right") - 1
+        bad = np.flatnonzero((links >= 1) & (aheads != -1) & (
+            (aheads < 0) | (aheads > sizes[lane_of] // 2)))
+        if bad.size:
+            raise ValueError(f"slot {int(bad[0])}'s next stack is {int(aheads[bad[0]])} slots "
+                             f"ahead, which no write leaves")
+        live = _live(generations, links, aheads)
+        if int(live.sum()) != self.stored_size:
+            raise ValueError(f"{int(live.sum())} rows in its slots, its state says "
+                             f"{self.stored_size}")
+        leaves = self.leaves
+        unset = (leaves == 0.0) & np.signbit(leaves)
+        valid = np.where(live, np.isfinite(leaves) & ((leaves > 0.0) | unset), unset)
+        if not valid.all():
+            bad_slot = int(np.flatnonzero(~valid)[0])
+            raise ValueError(f"leaf {bad_slot} is {float(leaves[bad_slot])!r}, not " + (
+                "a weight > 0 or unset" if live[bad_slot] else
+                "unset (its slot holds no row)"))
+        heaviest = _rules.max_leaf_weight(self.capacity)
+        if len(leaves) and leaves.max() > heaviest:
+            bad_slot = int(np.argmax(leaves))
+            raise ValueError(f"leaf {bad_slot} is {float(leaves[bad_slot])!r}, more than the "
+                             f"{heaviest:.3g} that keeps the total of {self.capacity} slots "
+                             f"finite")
+
+    def restore_into(self, buffer: Any) -> None:
+        """Replace `buffer`'s state (a new buffer of this file's layout) by this file's."""
+        if self.lane_meta is not None:
+            buffer._image.restore(self.rows, self.leaves, self.lanes, self.next_index,
+                                  self.max_priority, self.rows_added, *self.limiter_counts)
+        else:
+            buffer._image.restore(self.rows, self.tail, self.leaves, self.next_index,
+                                  self.max_priority, self.rows_added, *self.limiter_counts)
+
     def matches(self, layout: Any) -> bool:
-        return (layout.row_stride == self.row_stride
-                and [column.to_json() for column in layout.columns] == self.columns)
+        # A laned layout's lane config (lanes, frame columns, the lane table's offset) must be
+        # the file's too, as the capacity its size gives.
+        return (layout.row_stride == self.row_stride and layout.capacity == self.capacity
+                and [column.to_json() for column in layout.columns] == self.columns
+                and json.loads(json.dumps(layout.meta.get(_LANES))) == self.lane_meta)
+
+
+def _lane_options(lanes: Mapping[str, Any]) -> Dict[str, Any]:
+    """The constructor's lanes, next_of and stack_compress for a laned buffer's config (its
+    layout's "lanes" meta): a frame column with a next column is next_of's, one that stacks
+    frames (or has no next column) stack_compress's (the same column either way when it has
+    both and a stack of 1)."""
+    entries = lanes["frames"]
+    next_of = [str(entry["name"]) for entry in entries if entry["next"] is not None]
+    stacked = [str(entry["name"]) for entry in entries
+               if entry["next"] is None or _integer(entry["stack"], "stack") > 1]
+    return {"lanes": _integer(lanes["count"], "lanes count"), "next_of": next_of or None,
+            "stack_compress": stacked or None}
 
 
 def _integer(value: Any, name: str) -> int:
@@ -640,15 +823,14 @@ def load(cls: Type[Any], file: Any, *, backend: str = "auto", name: Optional[str
     saved = _Checkpoint(file, cls, backend, path)
     target = saved.target
     options: Dict[str, Any] = {"alpha": saved.alpha, "eps": saved.eps} if saved.prioritized else {}
-    buffer = target(saved.capacity, saved.env_dict, backend=backend, name=name, path=path,
+    buffer = target(saved.size, saved.env_dict, backend=backend, name=name, path=path,
                     seed=seed, lock_timeout=lock_timeout, Nstep=saved.nstep,
-                    rate_limiter=saved.limiter, **options)
+                    rate_limiter=saved.limiter, **saved.lane_options, **options)
     try:
         if not saved.matches(buffer._layout):
             raise refused(file, "its row layout differs from the one this cpprb_ray makes for "
                                 "its env_dict (written by another version)")
-        buffer._image.restore(saved.rows, saved.tail, saved.leaves, saved.next_index,
-                              saved.max_priority, saved.rows_added, *saved.limiter_counts)
+        saved.restore_into(buffer)
     except BaseException:
         buffer.close()
         raise

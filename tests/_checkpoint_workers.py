@@ -1,12 +1,15 @@
-"""Children of tests/test_checkpoint.py (multiprocessing targets, imported by name).
+"""Children of tests/test_checkpoint*.py (multiprocessing targets, imported by name).
 
-Every row derives from one serial number (``_workers.rows_of``), so what a loaded checkpoint
-holds is checked from its contents alone.
+Every row derives from one serial number (``_workers.rows_of``), or in a framed buffer from its
+act (``_frame_streams``), so what a loaded checkpoint holds is checked from its contents alone.
 """
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
+from _frame_streams import Stream
 from _workers import ENV, rows
 
 import cpprb_ray
@@ -64,3 +67,27 @@ def save_transitions(file: str) -> None:
     with cpprb_ray.ReplayBuffer(8, ENV) as rb:
         rb.add(**rows(0, 2))
         rb.save_transitions(file)
+
+
+def stream_adds(stream: int, seed: int):
+    """The adds a stream writer of tests/test_checkpoint_lanes.py makes, in order, for ever:
+    (rows, priorities) of one to three transitions of _frame_streams.Stream(stream, seed).
+    The parent replays it to tell where each add ended."""
+    source = Stream(stream, seed)
+    while True:
+        count = int(source.random.integers(1, 4))
+        rows = source.transitions(count)
+        yield rows, source.random.random(count) + 0.1
+
+
+def add_stream_forever(rb, stream: int, seed: int, ready, pad: int = 0) -> None:
+    """Add `stream`'s transitions to `rb` (a laned buffer: this handle takes a lane) until
+    killed, with a column "pad" of `pad` floats (each act % 1000) if `pad`; `ready` is set
+    after the first add."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for count, (batch, priorities) in enumerate(stream_adds(stream, seed)):
+        if pad:
+            batch["pad"] = np.repeat((batch["act"] % 1000).astype(np.float32)[:, None], pad, 1)
+        rb.add(priorities=priorities, **batch)
+        if count == 0:
+            ready.set()

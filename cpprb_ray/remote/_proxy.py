@@ -62,7 +62,7 @@ class Proxy:
                                       layout.prioritized)[1]
         self._writers: Dict[int, _ClientWriter] = {}
         self._writers_lock = threading.Lock()
-        self._image = _parts.image_of(self._store)
+        self._image = _parts.image_of(self._store, layout)
         self._backend, self._location, self._token = backend, location, token
         self._meta = dict(layout.meta)
         if self._owner_dead():
