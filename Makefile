@@ -74,7 +74,7 @@ help:
 	@echo "== .venv: $(PYTHON) ($$($(PYTHON) -V 2>&1))"
 	test -x .venv/bin/python || $(PYTHON) -m venv .venv
 	.venv/bin/python -m pip install $(PIP_FLAGS) -U pip "setuptools>=61" wheel "Cython>=3.1"
-	.venv/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation -e '.[test,ray,dev,examples]'
+	.venv/bin/python -m pip install $(PIP_FLAGS) --no-build-isolation -e '.[test,ray,dev,examples,metrics,tensors]'
 	.venv/bin/python -m pip install $(PIP_FLAGS) cpprb \
 	    || echo "warning: cpprb did not install; API parity tests and comparisons will skip" >&2
 	touch $@

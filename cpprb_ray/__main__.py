@@ -1,5 +1,6 @@
-"""Command line: ``python -m cpprb_ray ls [--prefix P]`` and
-``python -m cpprb_ray rm NAME | --orphans [--prefix P]``.
+"""Command line: ``python -m cpprb_ray ls [--prefix P]``,
+``python -m cpprb_ray rm NAME | --orphans [--prefix P]`` and
+``python -m cpprb_ray top [--once] [--json] [--interval S] [--prefix P]`` (:mod:`cpprb_ray._top`).
 
 Errors are messages on stderr with a nonzero exit status, never tracebacks.
 """
@@ -11,6 +12,7 @@ import os
 import sys
 from typing import List, Optional
 
+from cpprb_ray import _top
 from cpprb_ray._orphans import UNKNOWN, check_prefix, list_buffers, remove_buffer, sweep_orphans
 
 _OWNER_TEXT = {"alive": "yes", "dead": "no", UNKNOWN: "unknown"}
@@ -40,7 +42,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _main(argv: Optional[List[str]]) -> int:
     parser = argparse.ArgumentParser(prog="python -m cpprb_ray",
-                                     description="List and remove cpprb_ray buffers.")
+                                     description="List, watch and remove cpprb_ray buffers.")
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("ls", help="list this user's buffers")
     listing.add_argument("--prefix", help="only buffers whose name starts with PREFIX")
@@ -54,7 +56,26 @@ def _main(argv: Optional[List[str]]) -> int:
     remove.add_argument("--prefix",
                         help="with --orphans, only buffers whose name (an mmap file's name, "
                              "without its directory) starts with PREFIX")
+    top = commands.add_parser("top", help="a live view of this user's buffers (rates, "
+                                          "limiter, lock waits, lanes)")
+    top.add_argument("--once", action="store_true",
+                     help="print one reading (two snapshots INTERVAL apart) and exit")
+    top.add_argument("--json", action="store_true", help="with --once, as one JSON object")
+    top.add_argument("--interval", type=float, default=1.0,
+                     help="seconds between refreshes (default 1)")
+    top.add_argument("--prefix", help="only buffers whose name starts with PREFIX")
     args = parser.parse_args(argv)
+
+    if args.command == "top":
+        if args.json and not args.once:
+            parser.error("--json goes with --once (one snapshot for scripts)")
+        if not 0 < args.interval <= 3600:
+            parser.error(f"--interval must be > 0 and <= 3600 seconds; got {args.interval:g}")
+        try:
+            check_prefix(args.prefix)
+        except ValueError as error:
+            parser.error(str(error))
+        return _top.run(args.prefix, args.interval, args.once, args.json)
 
     if args.command == "ls":
         try:

@@ -30,6 +30,7 @@ from cpprb_ray import (
     checkpoint,
     frames,
     nstep,
+    prefetch,
     rate_limiters,
     remote,
 )
@@ -423,6 +424,62 @@ class Handle:
                     # Frees in the creating process only, and only our own segment.
                     self._ownership.free()
 
+    # -- learners -----------------------------------------------------------------------------
+
+    def prefetch(self, batch_size: int, *, beta: Any = 0.4, depth: int = 2,
+                 timeout: Optional[float] = None,
+                 out: Optional[List[Dict[str, Any]]] = None, copy: bool = False,
+                 tensors: Optional[str] = None) -> prefetch.Prefetch:
+        """prefetch(batch_size, *, beta=0.4, depth=2, timeout=None, out=None, copy=False,
+        tensors=None) -> Prefetch: an iterator of batches sampled ahead on a background thread
+        (also a context manager: leaving the ``with`` stops the thread).
+
+        Each batch is what :meth:`sample` returns, drawn by the thread into a ring of `depth`
+        preallocated output sets through ``sample(..., out=)``: no allocation per batch, and the
+        learner finds its next batch ready while the sample kernel (which releases the GIL)
+        runs beside its network step. See :mod:`cpprb_ray.prefetch` and docs/learner.md.
+
+        Parameters
+        ----------
+        batch_size : int
+            Rows per batch.
+        beta : float or callable
+            As for :meth:`PrioritizedReplayBuffer.sample`, or a callable of the batch number
+            (0, 1, ...) returning it: annealing. A uniform buffer checks it and uses none.
+        depth : int
+            Output sets in the ring (>= 1): the thread keeps up to ``depth - 1`` batches
+            ready beside the one the learner holds. A yielded batch stays valid until the next
+            ``next()``; then its set is refilled, with batch ``k + depth``.
+        timeout : float, optional
+            How long the thread's sample may wait for the rate limiter (as for
+            :meth:`sample`); a TimeoutError reaches the learner at its ``next()``.
+        out : list of dict, optional
+            `depth` output sets to fill (each as :meth:`sample`'s `out`), instead of sets
+            allocated like the first batch.
+        copy : bool
+            Yield owned copies (allocated per batch) instead of the ring's arrays.
+        tensors : {None, "numpy", "torch", "jax"}
+            "torch": torch tensors over the ring's arrays (``torch.from_numpy``; page-locked
+            when CUDA is available, for ``.to("cuda", non_blocking=True)``); "jax": jax arrays
+            through DLPack. Neither is a dependency of cpprb_ray.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from cpprb_ray import PrioritizedReplayBuffer
+        >>> with PrioritizedReplayBuffer(1024, {"obs": {"shape": 3}}, seed=0) as rb:
+        ...     _ = rb.add(obs=np.zeros((100, 3)))
+        ...     with rb.prefetch(32, beta=0.5, depth=3) as batches:
+        ...         for step, batch in zip(range(5), batches):
+        ...             priorities = np.full(32, 1.0 + step)
+        ...             _ = rb.update_priorities(batch["indexes"], priorities,
+        ...                                      batch["generations"])
+        ...     print(batch["obs"].shape, batch["weights"].dtype, batches.batches)
+        (32, 3) float32 5
+        """
+        return prefetch.Prefetch(self, batch_size, beta=beta, depth=depth, timeout=timeout,
+                                 out=out, copy=copy, tensors=tensors)
+
     # -- statistics ---------------------------------------------------------------------------
 
     @property
@@ -482,7 +539,9 @@ class Handle:
             ``sample_blocks`` (calls it held back at least once), ``insert_wait_s``,
             ``sample_wait_s`` (seconds they were held back, counted when they went through or
             gave up), ``insert_timeouts``, ``sample_timeouts`` (calls that gave up with
-            TimeoutError, timeout=0 included).
+            TimeoutError, timeout=0 included); ``insert_waiting``, ``sample_waiting`` (a call
+            of that side went to sleep on the limiter since the other side last made progress:
+            held back now, or it gave up since).
 
         Examples
         --------

@@ -40,6 +40,7 @@ cdef class ReplayStore:
     cdef unsigned long forks_seen   # fork_generation when `active` and the rng were last valid
     cdef int active                 # threads of this process inside a call on this store
     cdef bint closing
+    cdef set interrupted            # thread idents whose waits end (interrupt_waits)
     cdef ColumnTable columns
     cdef SampleOutputs outputs      # what sample() fills (the ring's sampler)
 
@@ -54,6 +55,7 @@ cdef class ReplayStore:
     cdef int check_limiter(self) except -1
     cdef int check_admissible(self, int side, int64_t rows) except -1
     cdef int raise_rate_limited(self, RateCall* rate) except -1
+    cdef int check_interrupted(self) except -1
     cdef object _add(self, values, priorities, double timeout, weighed=*)
     cdef object _sample(self, int64_t batch, double beta, out, double timeout)
     cdef object _update(self, indexes, priorities, generations)

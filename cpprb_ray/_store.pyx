@@ -25,6 +25,7 @@ cimport cython
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
                              PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer)
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.pythread cimport PyThread_get_thread_ident
 from libc.math cimport isnan
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -34,7 +35,8 @@ from cpprb_ray._columns cimport AddFrame, ColumnTable
 from cpprb_ray._core cimport (StoreView, store_add, store_admits, store_clear, store_draw,
                               store_gather, store_lock, store_snapshot, store_unlock,
                               store_update, view_bind)
-from cpprb_ray._limiter cimport (LIMITER_MIN_SIZE, LIMITER_NONE, LIMITER_SAMPLE_TO_INSERT_RATIO,
+from cpprb_ray._limiter cimport (GATE_WAITING, LIMITER_MIN_SIZE, LIMITER_NONE,
+                                 LIMITER_SAMPLE_TO_INSERT_RATIO,
                                  SIDE_INSERT, SIDE_NONE, SIDE_RESET, SIDE_SAMPLE, Limiter,
                                  gate_advance, gate_arm, limiter_admits, limiter_gate,
                                  limiter_never_admits)
@@ -258,6 +260,7 @@ cdef class ReplayStore:
 
     def __cinit__(self):
         self._has_buffer = False
+        self.interrupted = set()
 
     def __init__(self, memory, columns, seed=None, lock_timeout=DEFAULT_LOCK_TIMEOUT_S, *,
                  prioritized=None):
@@ -380,6 +383,7 @@ cdef class ReplayStore:
                         rate_after_unlock(self.view.limiter, &rate, wake)
             if status == ST_LOCK_TIMEOUT:
                 PyErr_CheckSignals()       # Ctrl-C interrupts a wait (KeyboardInterrupt)
+                self.check_interrupted()
                 if deadline < 0:
                     deadline = time.monotonic() + self.lock_timeout - LOCK_SLICE_S
                 elif time.monotonic() >= deadline:
@@ -391,6 +395,7 @@ cdef class ReplayStore:
                 if self.closing:
                     raise ValueError("the buffer was closed while this call waited for its "
                                      "rate limiter")
+                self.check_interrupted()
                 continue
             break
         if status != ST_OK:
@@ -400,6 +405,25 @@ cdef class ReplayStore:
         if result < 0:
             raise_status(result, self)
         return result
+
+    def interrupt_waits(self, thread_id):
+        """End the waits (for the lock or the rate limiter) of the thread `thread_id`
+        (``threading.get_ident()``) on this store within one slice, with InterruptedError, and
+        every wait it begins until :meth:`resume_waits`: how a thread sampling ahead of a
+        learner (cpprb_ray.prefetch) is stopped while the limiter holds it back, where Ctrl-C
+        cannot reach it. Its call leaves nothing done (the limiter counts no wait for it)."""
+        self.interrupted.add(int(thread_id))
+
+    def resume_waits(self, thread_id):
+        """Undo :meth:`interrupt_waits` for `thread_id` (a thread id may be reused)."""
+        self.interrupted.discard(int(thread_id))
+
+    cdef int check_interrupted(self) except -1:
+        # Between two slices of a wait, with the GIL: a set's emptiness costs nothing.
+        if self.interrupted and PyThread_get_thread_ident() in self.interrupted:
+            raise InterruptedError("this thread's wait on the buffer was interrupted "
+                                   "(interrupt_waits): nothing was done")
+        return 0
 
     cdef int raise_rate_limited(self, RateCall* rate) except -1:
         state = limiter_state(self.view.header, self.view.limiter)
@@ -521,11 +545,17 @@ cdef class ReplayStore:
             self.leave()
         if status == ST_OK:
             h, limiter = &copy, &limiter_copy
+        state = limiter_state(h, limiter)
+        if state is not None:
+            # A call of that side went to sleep on its gate and no progress has cleared the
+            # mark since (held back now, or it gave up since): what `top` shows as waiting.
+            state["insert_waiting"] = (limiter.insert_gate & GATE_WAITING) != 0
+            state["sample_waiting"] = (limiter.sample_gate & GATE_WAITING) != 0
         return {"inserts": h.rows_added, "samples": h.rows_sampled, "updates": h.updates,
                 "repairs": h.repairs, "lock_waits": h.lock_waits, "stored": h.stored_size,
                 "capacity": h.capacity, "next_index": h.next_index,
                 "max_priority": h.max_priority, "lock_holder": holder,
-                "snapshot": status == ST_OK, "rate_limiter": limiter_state(h, limiter)}
+                "snapshot": status == ST_OK, "rate_limiter": state}
 
     def limiter_record(self):
         """(kind name, samples_per_insert, min_size_to_sample, min_diff, max_diff) of the

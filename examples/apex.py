@@ -12,7 +12,9 @@
 - The driver is the learner: double DQN on prioritized batches, priorities written back with
   their generations (an update for a row overwritten since it was sampled is dropped), weights
   published with ``ray.put`` every few hundred steps and pulled by the actors, and a
-  ``SampleToInsertRatio`` rate limiter that keeps the replay ratio steady.
+  ``SampleToInsertRatio`` rate limiter that keeps the replay ratio steady. With ``--prefetch``
+  the learner's batches are sampled ahead on a thread (``rb.prefetch``, docs/learner.md) while
+  its network step runs; either way the JSON line reports the learner's wait for its batches.
 - The Q-network is numpy (``dqn_numpy.py`` beside this file).
 
 Progress goes to stderr; stdout gets exactly one line of JSON at the end. docs/apex.md walks
@@ -345,6 +347,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--add-batch", type=int, default=16,
                         help="steps an actor collects per add (fewer at an episode's end)")
     parser.add_argument("--no-progress", action="store_true", help="no live line on stderr")
+    parser.add_argument("--prefetch", action="store_true",
+                        help="sample the learner's batches ahead on a thread (rb.prefetch)")
     args = parser.parse_args(argv)
     for name in ("actors", "buffer_size", "batch_size", "min_size", "target_every",
                  "publish_every", "add_batch"):
@@ -411,6 +415,15 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
     samples = 0
     next_report = start
     deadline = start + args.seconds
+    waited = 0.0   # seconds the learner waited for its batches
+
+    def beta_now(_step: int = 0) -> float:
+        return 0.4 + 0.6 * min(1.0, (time.time() - start) / args.seconds)
+
+    # With --prefetch, a thread samples the next batch while train_step runs; a batch stays
+    # valid until the next next(), which is all the learner needs of it.
+    batches = (rb.prefetch(args.batch_size, beta=beta_now, depth=2, timeout=WAIT_SLICE_S)
+               if args.prefetch else None)
     try:
         while True:
             now = time.time()
@@ -430,13 +443,16 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                     break
             if now >= deadline:
                 break
-            beta = 0.4 + 0.6 * min(1.0, (now - start) / args.seconds)
             # The rate limiter holds the sample back until min_size rows are in and while the
             # learner is ahead of samples_per_insert; wait in slices to keep the report going.
+            asked = time.perf_counter()
             try:
-                batch = rb.sample(args.batch_size, beta, timeout=WAIT_SLICE_S)
+                batch = (next(batches) if batches is not None
+                         else rb.sample(args.batch_size, beta_now(), timeout=WAIT_SLICE_S))
             except TimeoutError:
                 continue
+            finally:
+                waited += time.perf_counter() - asked
             # gamma ** m per row: m < 3 for the windows cut short at an episode's end.
             priorities = learner.train_step(batch, batch["discounts"])
             rb.update_priorities(batch["indexes"], priorities, batch["generations"])
@@ -446,6 +462,8 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                 for actor in actors:
                     actor.publish.remote([weights])
     finally:
+        if batches is not None:
+            batches.close()
         for actor in actors:
             actor.stop.remote()
         steps = ray.get(runs, timeout=60)
@@ -479,6 +497,11 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
         "samples_per_insert": round(samples / max(progress.rows_added, 1), 2),
         "rate_limit": {"samples_per_insert": args.samples_per_insert,
                        "min_size": args.min_size, "error_buffer": error_buffer(args)},
+        "prefetch": bool(args.prefetch),
+        # Seconds the learner waited for batches: the whole sample without prefetch (rate
+        # limiter waits included), what the thread had not ready yet with it.
+        "learner_wait_s": round(waited, 3),
+        "learner_wait_us_per_step": round(1e6 * waited / max(learner.steps, 1), 1),
     }
     result["buffer_stats"] = rb.stats()
     # Where Ray's node listens: 127.0.0.1 (docs/apex.md).

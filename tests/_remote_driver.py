@@ -117,6 +117,33 @@ class RemoteUser:
                 found[label] = "no error"
         return found
 
+    def prefetched(self, batches: int) -> Dict[str, Any]:
+        """rb.prefetch through the proxy: `batches` batches (checked as samples), then, on a
+        buffer whose limiter holds samples back, the limiter's TimeoutError at next()."""
+        problems = []
+        refills = set()
+        with self.rb.prefetch(16, depth=3) as ahead:
+            for _ in range(batches):
+                batch = next(ahead)
+                problems += _workers.check_sample(self.rb, batch)
+                refills.add(id(batch["obs"]))
+                self.rb.update_priorities(batch["indexes"], np.full(16, 2.0),
+                                          batch["generations"])
+            taken = ahead.batches
+        return {"problems": problems, "taken": taken, "sets": len(refills),
+                "remote": self.rb.is_remote}
+
+    def prefetch_held_back(self) -> Dict[str, Any]:
+        found: Dict[str, Any] = {}
+        started = time.monotonic()
+        with self.rb.prefetch(4, timeout=0.3) as ahead:
+            try:
+                next(ahead)
+            except TimeoutError as error:
+                found["timeout"] = str(error)
+        found["seconds"] = time.monotonic() - started
+        return found
+
     def call_after_proxy_killed(self, first: int) -> Dict[str, Any]:
         started = time.monotonic()
         try:
@@ -503,6 +530,31 @@ def check_rate_limiter(user: Any, here: str) -> None:
         rb.close()
 
 
+def check_prefetch(user: Any, here: str) -> None:
+    """rb.prefetch on a remote handle: its batches are the buffer's rows, the ring's sets cycle,
+    every batch drawn counts (at most depth - 1 ahead of the learner's), and the limiter's
+    TimeoutError reaches next() through the proxy."""
+    rb = cpprb_ray.PrioritizedReplayBuffer(256, ENV)
+    limited = cpprb_ray.PrioritizedReplayBuffer(64, ENV, rate_limiter=cpprb_ray.MinSize(32))
+    try:
+        rb.add(**rows(0, 100))
+        assert ray.get(user.keep.remote(rb), timeout=TIMEOUT)["remote"] is True
+        found = ray.get(user.prefetched.remote(6), timeout=TIMEOUT)
+        assert found["remote"] is True and found["problems"] == [], found
+        assert found["taken"] == 6 and found["sets"] == 3, found
+        stats = rb.stats()
+        assert 6 * 16 <= stats["samples"] <= 8 * 16, stats
+        assert stats["updates"] == 6 * 16, stats
+        assert ray.get(user.keep.remote(limited), timeout=TIMEOUT)["remote"] is True
+        held = ray.get(user.prefetch_held_back.remote(), timeout=TIMEOUT)
+        assert "held back by the rate limiter" in held.get("timeout", ""), held
+        assert held["seconds"] < 10.0, held
+        assert limited.stats()["samples"] == 0
+    finally:
+        rb.close()
+        limited.close()
+
+
 def check_flushes(user: Any, here: str) -> None:
     """Rows left queued arrive by age (no other call); an actor's exit sends what it queued."""
     rb = cpprb_ray.ReplayBuffer(1000, ENV)
@@ -797,7 +849,7 @@ CHECKS = {"tasks_and_actors": check_tasks_and_actors, "nstep": check_nstep,
           "rate_limiter": check_rate_limiter, "flushes": check_flushes,
           "owner_died": check_owner_died, "failures": check_failures,
           "laned_frames": check_laned_frames, "laned_nstep": check_laned_nstep,
-          "laned_sequences": check_laned_sequences,
+          "laned_sequences": check_laned_sequences, "prefetch": check_prefetch,
           "owner_node_died": check_owner_node_died}
 
 

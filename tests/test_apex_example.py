@@ -42,7 +42,8 @@ REQUIRED = {"actors": int, "seconds": float, "transitions_added": int, "add_rate
             "solved_at_seconds": (float, type(None))}
 
 
-def test_example_runs_and_reports_one_json_line(tmp_path):
+@pytest.mark.parametrize("prefetch", [False, True], ids=["sample", "prefetch"])
+def test_example_runs_and_reports_one_json_line(tmp_path, prefetch):
     pytest.importorskip("ray")
     pytest.importorskip("gymnasium")
     plot = tmp_path / "apex.png"
@@ -51,7 +52,8 @@ def test_example_runs_and_reports_one_json_line(tmp_path):
     completed = subprocess.run(
         [sys.executable, APEX, "--actors", "1", "--seconds", "12", "--seed", "3",
          "--buffer-size", "4096", "--min-size", "256", "--batch-size", "32",
-         "--publish-every", "50", "--no-progress", "--plot", str(plot)],
+         "--publish-every", "50", "--no-progress", "--plot", str(plot)]
+        + (["--prefetch"] if prefetch else []),
         capture_output=True, text=True, timeout=150, env=env, cwd=str(tmp_path))
     assert completed.returncode == 0, completed.stderr[-4000:]
     lines = completed.stdout.strip().splitlines()
@@ -77,7 +79,14 @@ def test_example_runs_and_reports_one_json_line(tmp_path):
     assert result["rate_limiter"] == "SampleToInsertRatio"
     limiter = result["buffer_stats"]["rate_limiter"]
     assert limiter["kind"] == "SampleToInsertRatio"
-    assert limiter["samples"] == result["learner_steps"] * 32
+    # Every batch drawn counts as sampled: with prefetch, the one the thread had drawn ahead
+    # when the learner stopped counts too (depth 2: at most one).
+    ahead = limiter["samples"] - result["learner_steps"] * 32
+    assert ahead in ((0, 32) if prefetch else (0,)), ahead
+    assert result["prefetch"] is prefetch
+    assert 0 < result["learner_wait_s"] < result["seconds"]
+    assert result["learner_wait_us_per_step"] == pytest.approx(
+        1e6 * result["learner_wait_s"] / result["learner_steps"], rel=0.05, abs=1)
     assert limiter["min_diff"] <= limiter["diff"] <= limiter["max_diff"]
     assert result["nstep"] == 3 and result["gamma"] == 0.99
     assert result["ray_nodes"] == ["127.0.0.1"]    # its own single node stays on loopback

@@ -37,7 +37,8 @@ LAYERS: List[Set[str]] = [
     {"remote", "remote._client", "remote._proxy", "remote._pickling"},
     # 6. the public classes and what is built on them
     {"_handle", "buffer", "multiprocess", "factory", "hindsight", "laber", "nstep_buffer",
-     "reverse", "selective", "training", "util", "__init__", "__main__"},
+     "reverse", "selective", "training", "util", "__init__", "__main__", "prefetch",
+     "_top", "metrics"},
 ]
 KERNELS = LAYERS[1]
 STORE = LAYERS[2]

@@ -111,6 +111,12 @@ def test_sequence_buffers_through_remote_writers(remote_results):
     _check(remote_results, "laned_sequences")
 
 
+def test_prefetch_through_the_proxy(remote_results):
+    """rb.prefetch on a handle on the other node: batches sampled ahead through the proxy,
+    the ring's sets cycling, every batch counted, the limiter's TimeoutError at next()."""
+    _check(remote_results, "prefetch")
+
+
 def test_the_owners_node_dies(remote_results):
     """The owner on the second node, a client on the head; the second node SIGKILLed whole,
     as a host that dies: the client's calls raise RemoteBufferError within its call timeout."""

@@ -1,0 +1,390 @@
+"""Batches sampled ahead of a learner on a background thread: ``rb.prefetch(batch_size)``.
+
+A learner alternates a sample, a network step and an update of priorities. The sample kernel
+releases the GIL, so a thread can draw the next batch while the learner's step runs: the
+learner then finds its batch ready. :class:`Prefetch` is that thread and its ring of `depth`
+output sets, each filled in place through the handle's own ``sample(..., out=)`` (so it works
+for every kind of buffer whose ``sample`` takes ``out=``: plain, prioritized, laned, frames,
+N-step, remote handles).
+
+The contract (docs/learner.md):
+
+- Batch ``k`` goes into set ``k % depth``. The thread refills a set only once the learner has
+  asked for the batch after the one it holds: a yielded batch stays valid until the learner's
+  next ``next()``, which is also when its set may be refilled with batch ``k + depth``. So the
+  thread keeps up to ``depth - 1`` batches ready ahead of the one in use. ``copy=True``
+  yields owned copies (and frees the set at once).
+- No allocation per batch: the sets are allocated once, from the first batch's arrays.
+- ``beta`` may be a callable of the batch number ``k`` (0, 1, ...): annealing.
+- Rate limiters keep their exact semantics: a batch counts as sampled when the thread draws
+  it; the thread's sample waits with `timeout`, and a TimeoutError reaches the learner at its
+  ``next()`` (nothing was sampled; the next ``next()`` tries again).
+- Any other error of the thread reaches the learner at its next ``next()``, and ends the
+  iterator. ``close()`` (or leaving the ``with``) stops the thread within a bounded time, also
+  while the limiter holds it back (its wait is interrupted; a remote handle's wait runs in the
+  buffer's proxy, and ends there: the thread is then left to finish on its own, and its batch
+  is dropped).
+- Priorities updated while batches wait in the ring are applied as usual; a batch sampled
+  before such an update carries the weights of before it (its ``generations`` keep a late
+  update of an overwritten slot safe).
+
+Examples
+--------
+>>> import numpy as np
+>>> from cpprb_ray import PrioritizedReplayBuffer
+>>> with PrioritizedReplayBuffer(64, {"obs": {}}, seed=0) as rb:
+...     _ = rb.add(obs=np.arange(10.0))
+...     with rb.prefetch(4, beta=lambda step: min(1.0, 0.4 + 0.1 * step)) as batches:
+...         for _ in range(3):
+...             batch = next(batches)
+...             _ = rb.update_priorities(batch["indexes"], np.ones(4), batch["generations"])
+...     print(batch["obs"].shape, sorted(batch))
+(4, 1) ['generations', 'indexes', 'obs', 'weights']
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import inspect
+import threading
+import time
+import weakref
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from cpprb_ray import _rules
+
+__all__ = ["Prefetch"]
+
+TENSORS = (None, "numpy", "torch", "jax")
+# How long close() waits for the thread. A local wait (for the lock or the limiter) ends within
+# one slice (50 ms) once interrupted, and a kernel runs for micro- to milliseconds; only a
+# remote handle's call, which waits in the proxy actor, may take longer (then it is left).
+JOIN_SECONDS = 5.0
+
+Beta = Union[float, Callable[[int], float]]
+
+
+class _Ring:
+    """What the learner's iterator and the thread share (the thread holds this, never the
+    iterator, so that an iterator dropped without close() is collected and stops it)."""
+
+    def __init__(self, depth: int, sets: Optional[List[Dict[str, np.ndarray]]]) -> None:
+        self.depth = depth
+        self.cond = threading.Condition()
+        self.sets: List[Optional[Dict[str, np.ndarray]]] = (
+            list(sets) if sets is not None else [None] * depth)
+        # (batch number, result dict or exception), in batch order
+        self.ready: Deque[Tuple[int, Any]] = collections.deque()
+        self.released = 0          # batches whose set the learner gave back
+        self.pending_timeout = False   # a TimeoutError waits for the learner to see it
+        self.stop = False
+        self.exited = False
+        self.ident: Optional[int] = None
+        self.interrupt: Optional[Callable[[int], None]] = None
+        self.resume: Optional[Callable[[int], None]] = None
+
+    def request_stop(self) -> None:
+        """Stop the thread: at once where it waits for a set, within one slice where it waits
+        on the buffer (the store interrupts that thread's waits)."""
+        with self.cond:
+            self.stop = True
+            if not self.exited and self.ident is not None and self.interrupt is not None:
+                self.interrupt(self.ident)
+            self.cond.notify_all()
+
+
+def _allocator(tensors: Optional[str]) -> Callable[[np.ndarray], np.ndarray]:
+    """How a set's arrays are allocated, like a first batch's array: plain numpy, or (torch
+    with CUDA) page-locked memory, so that ``.to("cuda", non_blocking=True)`` overlaps."""
+    if tensors == "torch":
+        torch = importlib.import_module("torch")
+        if torch.cuda.is_available():
+            def pinned(like: np.ndarray) -> np.ndarray:
+                tensor = torch.empty(like.shape, dtype=torch.from_numpy(like[:0]).dtype,
+                                     pin_memory=True)
+                return tensor.numpy()
+            return pinned
+    return np.empty_like
+
+
+# What goes back to update_priorities, not to a network: numpy arrays whatever `tensors` says
+# (JAX's default 32-bit mode would truncate a uint64 generation).
+BOOKKEEPING = ("indexes", "generations")
+
+
+def _views(arrays: Dict[str, np.ndarray], tensors: Optional[str]) -> Dict[str, Any]:
+    """The objects yielded for one set: the arrays, or tensors over them (torch: made once per
+    set, views of its memory; jax: made per batch, since JAX copies where it cannot share)."""
+    # Imported by name: neither is a dependency (nor has stubs here).
+    if tensors == "torch":
+        convert = importlib.import_module("torch").from_numpy
+    elif tensors == "jax":
+        convert = importlib.import_module("jax.dlpack").from_dlpack
+    else:
+        return dict(arrays)
+    return {key: value if key in BOOKKEEPING else convert(value)
+            for key, value in arrays.items()}
+
+
+def _owned(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if hasattr(value, "clone"):   # torch
+        return value.clone()
+    return importlib.import_module("jax.numpy").array(value, copy=True)
+
+
+def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: int,
+         beta: Beta, takes_beta: bool, timeout: Optional[float],
+         allocate: Callable[[np.ndarray], np.ndarray]) -> None:
+    """The thread: draw batch k into set k % depth once the learner gave that set back."""
+    k = 0
+    try:
+        while True:
+            with ring.cond:
+                while not ring.stop and (k >= ring.released + ring.depth
+                                         or ring.pending_timeout):
+                    ring.cond.wait()
+                if ring.stop:
+                    return
+            out = ring.sets[k % ring.depth]
+            try:
+                if takes_beta:
+                    b = beta(k) if callable(beta) else beta
+                    result = sample(batch_size, b, out=out, timeout=timeout)
+                else:
+                    result = sample(batch_size, out=out, timeout=timeout)
+                if out is None:
+                    # The first batch, in fresh arrays: the ring's sets are made like them,
+                    # once (the first of them gets this batch).
+                    sets = [{key: allocate(value) for key, value in result.items()}
+                            for _ in range(ring.depth)]
+                    for key, value in result.items():
+                        np.copyto(sets[0][key], value)
+                    ring.sets = list(sets)
+                    result = dict(sets[0])
+            except TimeoutError as error:
+                with ring.cond:
+                    ring.ready.append((k, error))
+                    ring.pending_timeout = True   # tried again once the learner saw it
+                    ring.cond.notify_all()
+                continue
+            except BaseException as error:  # noqa: BLE001 (the learner's to see)
+                with ring.cond:
+                    if not ring.stop:
+                        ring.ready.append((k, error))
+                    ring.cond.notify_all()
+                return
+            with ring.cond:
+                ring.ready.append((k, result))
+                ring.cond.notify_all()
+            k += 1
+    finally:
+        with ring.cond:
+            ring.exited = True
+            if ring.ident is not None and ring.resume is not None:
+                ring.resume(ring.ident)   # an interrupt_waits of this thread, undone
+            ring.cond.notify_all()
+
+
+class Prefetch:
+    """An iterator of batches sampled ahead on a background thread; also a context manager.
+
+    Made by ``rb.prefetch(batch_size, *, beta=0.4, depth=2, timeout=None, out=None,
+    copy=False, tensors=None)`` (see :meth:`cpprb_ray.ReplayBuffer.prefetch`), which documents
+    the arguments. ``next()`` returns the next batch (a dict, as ``sample`` returns), raises
+    the thread's error, or StopIteration once closed.
+
+    Attributes
+    ----------
+    batches : int
+        Batches the learner has taken.
+    wait_seconds : float
+        Seconds the learner spent waiting in ``next()`` for a batch not yet ready: what
+        prefetching did not hide.
+
+    Examples
+    --------
+    >>> from cpprb_ray import ReplayBuffer
+    >>> with ReplayBuffer(16, {"obs": {}}, seed=0) as rb:
+    ...     _ = rb.add(obs=[1.0, 2.0, 3.0])
+    ...     batches = rb.prefetch(2, depth=3)
+    ...     first = next(batches)
+    ...     print(sorted(first), first["obs"].shape, batches.batches)
+    ...     batches.close()
+    ...     print(next(batches, "done"))
+    ['generations', 'indexes', 'obs'] (2, 1) 1
+    done
+    """
+
+    def __init__(self, rb: Any, batch_size: int, *, beta: Beta = 0.4, depth: int = 2,
+                 timeout: Optional[float] = None,
+                 out: Optional[Sequence[Dict[str, np.ndarray]]] = None, copy: bool = False,
+                 tensors: Optional[str] = None) -> None:
+        batch_size = _rules.as_count(batch_size, "batch_size")
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0; got {batch_size}")
+        if not callable(beta):
+            beta = _rules.as_real(beta, "beta")
+            if beta < 0:
+                raise ValueError(f"beta must be >= 0 or a callable of the batch number; got "
+                                 f"{beta}")
+        depth = _rules.as_count(depth, "depth")
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1; got {depth}")
+        _rules.as_timeout(timeout)
+        if not isinstance(copy, (bool, np.bool_)):
+            raise TypeError(f"copy must be a bool; got {type(copy).__name__}")
+        if tensors not in TENSORS:
+            raise ValueError(f"tensors must be one of None, 'numpy', 'torch', 'jax'; got "
+                             f"{_rules.shown(repr(tensors))}")
+        if tensors == "numpy":
+            tensors = None
+        if tensors == "torch":
+            _require("torch", "tensors='torch'")
+        elif tensors == "jax":
+            _require("jax", "tensors='jax'")
+        if out is not None:
+            out = _check_out(out, depth)
+        if rb.closed:
+            raise ValueError("operation on a closed buffer")
+        sample = rb.sample
+        self._tensors = tensors
+        self._copy = bool(copy)
+        self._ring = ring = _Ring(depth, out)
+        self._views: List[Optional[Dict[str, Any]]] = [None] * depth
+        self._held = False
+        self._done = False
+        self.batches = 0
+        self.wait_seconds = 0.0
+        store = getattr(rb, "_store", None)
+        ring.interrupt = getattr(store, "interrupt_waits", None)
+        ring.resume = getattr(store, "resume_waits", None)
+        takes_beta = "beta" in inspect.signature(sample).parameters
+        self._thread = threading.Thread(
+            target=_run, name=f"cpprb_ray prefetch {rb.name}", daemon=True,
+            args=(ring, sample, batch_size, beta, takes_beta, timeout, _allocator(tensors)))
+        with ring.cond:
+            self._thread.start()
+            ring.ident = self._thread.ident
+        self._finalizer = weakref.finalize(self, ring.request_stop)
+
+    # -- the iterator ---------------------------------------------------------------------------
+
+    def __iter__(self) -> Prefetch:
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        if self._done:
+            raise StopIteration
+        ring = self._ring
+        with ring.cond:
+            if self._held:   # the batch the learner held: its set may be refilled now
+                ring.released += 1
+                self._held = False
+                ring.cond.notify_all()
+            if not ring.ready:
+                started = time.perf_counter()
+                while not ring.ready and not ring.exited:
+                    ring.cond.wait()
+                self.wait_seconds += time.perf_counter() - started
+            if not ring.ready:   # the thread ended without a word: it was stopped
+                self._done = True
+                raise StopIteration
+            k, result = ring.ready.popleft()
+            if isinstance(result, BaseException):
+                if isinstance(result, TimeoutError):
+                    ring.pending_timeout = False
+                    ring.cond.notify_all()
+                else:
+                    self._done = True
+                raise result
+        self.batches += 1
+        slot = k % ring.depth
+        views = self._views[slot]
+        if views is None:
+            arrays = ring.sets[slot]
+            assert arrays is not None   # filled before its batch was queued
+            views = _views(arrays, self._tensors)
+            if self._tensors != "jax":
+                self._views[slot] = views
+        if self._copy:
+            batch = {key: _owned(value) for key, value in views.items()}
+            with ring.cond:
+                ring.released += 1
+                ring.cond.notify_all()
+            return batch
+        self._held = True
+        return dict(views)
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (or the thread ended on an error the learner saw).
+
+        Examples
+        --------
+        >>> from cpprb_ray import ReplayBuffer
+        >>> with ReplayBuffer(8, {"obs": {}}) as rb:
+        ...     _ = rb.add(obs=1.0)
+        ...     with rb.prefetch(1) as batches:
+        ...         _ = next(batches)
+        ...     print(batches.closed)
+        True
+        """
+        return self._done
+
+    def close(self) -> None:
+        """Stop the thread and wait for it (bounded: see the module's notes). Idempotent; the
+        batches sampled ahead are dropped (the rate limiter counted them as sampled).
+
+        Examples
+        --------
+        >>> from cpprb_ray import MinSize, ReplayBuffer
+        >>> with ReplayBuffer(8, {"obs": {}}, rate_limiter=MinSize(4)) as rb:
+        ...     batches = rb.prefetch(2)      # the limiter holds its thread back: 0 rows
+        ...     batches.close()               # interrupted within one 50 ms slice
+        ...     print(batches.closed, rb.stats()["rate_limiter"]["sample_timeouts"])
+        True 0
+        """
+        self._done = True
+        self._ring.request_stop()
+        if self._thread.ident != threading.get_ident():
+            self._thread.join(JOIN_SECONDS)
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def _require(module: str, what: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(f"{what} needs {module}, which is not installed here "
+                          f"({error})") from None
+
+
+def _check_out(out: Any, depth: int) -> List[Dict[str, np.ndarray]]:
+    """`out`: `depth` output sets (dicts of arrays, as ``sample(out=)`` takes each; their
+    shapes and dtypes are checked by the first sample into each)."""
+    if isinstance(out, dict) or not isinstance(out, (list, tuple)):
+        raise TypeError(f"out must be a list of {depth} dicts of arrays (one per set of the "
+                        f"ring, depth={depth}); got {type(out).__name__}")
+    if len(out) != depth:
+        raise ValueError(f"out must hold depth={depth} output sets; got {len(out)}")
+    for position, arrays in enumerate(out):
+        if not isinstance(arrays, dict) or not all(
+                isinstance(value, np.ndarray) for value in arrays.values()):
+            raise TypeError(f"out[{position}] must be a dict of numpy arrays; got "
+                            f"{type(arrays).__name__}")
+    ids = [id(value) for arrays in out for value in arrays.values()]
+    if len(set(ids)) != len(ids):
+        raise ValueError("out's sets must not share arrays: each set holds its own batch")
+    return list(out)

@@ -1,0 +1,421 @@
+"""``rb.prefetch``: batches sampled ahead on a background thread (cpprb_ray.prefetch).
+
+Every check runs on real buffers and a real thread: the batches are those that ``sample`` draws
+(a twin buffer with the same seed and rows, sampled directly, gives the same ones), the ring's
+sets cycle and a held batch is never refilled under the learner, nothing is allocated per batch
+(tracemalloc, as tests/test_out_allocations.py), rate limiters keep their counts and waits
+(TimeoutError, a wait interrupted by close()), and the thread's errors reach the learner.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from cpprb_ray import MinSize, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio
+from cpprb_ray.prefetch import Prefetch
+
+ENV = {"obs": {"shape": 3}, "act": {"dtype": "int64"}, "rew": {}}
+FRAMES_ENV = {"obs": {"shape": (4, 4, 2), "dtype": "uint8"}, "act": {"dtype": "int64"}}
+NSTEP_ENV = {"obs": {}, "rew": {}, "next_obs": {}, "done": {}}
+NSTEP = {"size": 3, "gamma": 0.9, "rew": "rew", "next": "next_obs"}
+
+CASES = {
+    "uniform": (ReplayBuffer, ENV, {}),
+    "prioritized": (PrioritizedReplayBuffer, ENV, {}),
+    "lanes": (PrioritizedReplayBuffer, ENV, {"lanes": 2}),
+    "frames": (PrioritizedReplayBuffer, FRAMES_ENV, {"next_of": "obs", "stack_compress": "obs"}),
+    "nstep": (PrioritizedReplayBuffer, NSTEP_ENV, {"Nstep": NSTEP}),
+    "check_for_update": (PrioritizedReplayBuffer, ENV, {"check_for_update": True}),
+}
+
+
+def rows(env, count, seed):
+    rng = np.random.default_rng(seed)
+    made = {}
+    for name, spec in env.items():
+        shape = (count,) + tuple(np.atleast_1d(spec.get("shape", 1)))
+        made[name] = rng.integers(0, 200, shape).astype(spec.get("dtype", "float32"))
+    if "done" in made:
+        made["done"][:] = 0
+        made["done"][count // 2] = 1
+    return made
+
+
+def fill(rb, env, count=64, times=2):
+    for seed in range(times):
+        values = rows(env, count, seed)
+        if "next_obs" in rb.env_dict and "next_obs" not in env:
+            values["next_obs"] = values["obs"]
+        rb.add(**values)
+
+
+def sample_of(rb, batch_size, beta):
+    if isinstance(rb, PrioritizedReplayBuffer):
+        return rb.sample(batch_size, beta)
+    return rb.sample(batch_size)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_batches_are_what_sample_draws(case):
+    """The k-th batch equals the k-th sample of a twin buffer (same seed, same rows), with a
+    beta annealed per batch; priorities updated between batches are applied."""
+    cls, env, options = CASES[case]
+    beta = (lambda step: 0.4 + 0.1 * step)   # noqa: E731
+    with cls(256, env, seed=7, **options) as rb, cls(256, env, seed=7, **options) as twin:
+        fill(rb, env)
+        fill(twin, env)
+        with rb.prefetch(16, beta=beta, depth=3) as batches:
+            for step in range(6):
+                batch = next(batches)
+                expected = sample_of(twin, 16, beta(step))
+                assert sorted(batch) == sorted(expected)
+                for key in expected:
+                    np.testing.assert_array_equal(batch[key], expected[key], err_msg=key)
+        assert batches.batches == 6 and batches.closed
+        if isinstance(rb, PrioritizedReplayBuffer):
+            applied = rb.update_priorities(batch["indexes"], np.full(16, 5.0),
+                                           batch["generations"])
+            assert applied == 16 and rb.get_max_priority() == 5.0
+
+
+SEQUENCE_ENV = {"obs": {"shape": 2}, "act": {"dtype": "int64"}, "rew": {}, "done": {},
+                "core": {"shape": 8}}
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
+def test_sequence_batches_are_what_sample_draws(cls):
+    """Sequence buffers (sequence=, issue 24) through the same sample(out=) path: batches of
+    (batch, length, ...) with their mask, as a twin's sample draws them."""
+    options = {"sequence": {"length": 12, "period": 4}, "lanes": 2, "seed": 3}
+    try:
+        rb = cls(1024, SEQUENCE_ENV, **options)
+    except TypeError as error:
+        if "sequence" not in str(error):
+            raise
+        pytest.skip("this build has no sequence buffers (sequence=)")
+    with rb, cls(1024, SEQUENCE_ENV, **options) as twin:
+        for handle in (rb, twin):
+            for t in range(60):
+                handle.add(obs=[t, t], act=t % 2, rew=1.0, done=float(t == 40),
+                           core=np.zeros(8))
+            handle.on_episode_end()
+        with rb.prefetch(4, beta=0.6, depth=3) as batches:
+            for _ in range(6):
+                batch = next(batches)
+                expected = sample_of(twin, 4, 0.6)
+                assert batch["obs"].shape == (4, 12, 2) and batch["mask"].shape == (4, 12)
+                assert sorted(batch) == sorted(expected)
+                for key in expected:
+                    np.testing.assert_array_equal(batch[key], expected[key], err_msg=key)
+                if isinstance(rb, PrioritizedReplayBuffer):
+                    for handle, drawn in ((rb, batch), (twin, expected)):
+                        handle.update_priorities(drawn["indexes"], np.ones(4),
+                                                 drawn["generations"])
+
+
+def test_uniform_ignores_beta_but_checks_it():
+    with ReplayBuffer(16, ENV) as rb:
+        fill(rb, ENV, 8, 1)
+        with pytest.raises(ValueError, match="beta must be >= 0"):
+            rb.prefetch(4, beta=-1.0)
+        with rb.prefetch(4, beta=0.9) as batches:
+            assert "weights" not in next(batches)
+
+
+def test_the_ring_cycles_and_a_held_batch_is_never_refilled():
+    depth = 3
+    with PrioritizedReplayBuffer(4096, ENV, seed=0) as rb:
+        fill(rb, ENV, 1024, 4)
+        with rb.prefetch(64, depth=depth) as batches:
+            seen = [next(batches) for _ in range(1)]
+            held = seen[0]
+            copy = {key: value.copy() for key, value in held.items()}
+            time.sleep(0.05)   # the thread fills every other set meanwhile
+            for key in copy:
+                np.testing.assert_array_equal(held[key], copy[key])
+            ids = [id(held["obs"])]
+            for _ in range(2 * depth):
+                ids.append(id(next(batches)["obs"]))
+            assert len(set(ids)) == depth
+            assert ids[:depth] == ids[depth:2 * depth]
+            # ahead of the learner: at most depth batches drawn beyond the ones it took
+            time.sleep(0.05)
+            drawn = rb.stats()["samples"] // 64
+            assert batches.batches <= drawn <= batches.batches + depth - 1
+
+
+def test_copy_yields_owned_arrays():
+    with ReplayBuffer(64, ENV, seed=1) as rb, ReplayBuffer(64, ENV, seed=1) as twin:
+        fill(rb, ENV, 32, 1)
+        fill(twin, ENV, 32, 1)
+        with rb.prefetch(8, depth=2, copy=True) as batches:
+            taken = [next(batches) for _ in range(5)]
+        for batch in taken:
+            np.testing.assert_array_equal(batch["indexes"], twin.sample(8)["indexes"])
+        assert len({id(batch["obs"]) for batch in taken}) == 5
+
+
+def test_given_out_sets_are_filled():
+    with ReplayBuffer(64, ENV, seed=2) as rb:
+        fill(rb, ENV, 32, 1)
+        first = rb.sample(8)
+        sets = [{key: np.empty_like(value) for key, value in first.items()} for _ in range(2)]
+        with rb.prefetch(8, out=sets) as batches:
+            assert next(batches)["obs"] is sets[0]["obs"]
+            assert next(batches)["obs"] is sets[1]["obs"]
+            assert next(batches)["obs"] is sets[0]["obs"]
+        wrong = [{key: np.empty((9,) + value.shape[1:], value.dtype)
+                  for key, value in first.items()} for _ in range(2)]
+        with rb.prefetch(8, out=wrong) as batches:
+            with pytest.raises(ValueError, match="out"):
+                next(batches)
+            assert next(batches, None) is None
+
+
+def test_no_allocation_per_batch():
+    """Peak traced memory over 1,000 batches (the thread's allocations included) stays below
+    the smallest array of one batch."""
+    batch = 4096
+    with PrioritizedReplayBuffer(8192, ENV, seed=0) as rb:
+        fill(rb, ENV, 1024, 4)
+        with rb.prefetch(batch, depth=2) as batches:
+            first = next(batches)
+            smallest = min(value.nbytes for value in first.values())
+            assert smallest >= 4 * batch
+            for _ in range(10):
+                next(batches)
+            tracemalloc.start()
+            try:
+                start, _ = tracemalloc.get_traced_memory()
+                for _ in range(1000):
+                    next(batches)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+        assert peak - start < smallest, (peak - start, smallest)
+
+
+def test_rate_limiter_counts_and_timeouts():
+    """The thread's sample waits with the prefetch's timeout; the learner gets the limiter's
+    TimeoutError at next(), nothing was sampled, and the next next() tries again; every batch
+    drawn counts as sampled, exactly."""
+    limiter = SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=8,
+                                  error_buffer=16)
+    with ReplayBuffer(256, ENV, rate_limiter=limiter, seed=0) as rb:
+        with rb.prefetch(8, depth=2, timeout=0.05) as batches:
+            with pytest.raises(TimeoutError, match="held back by the rate limiter"):
+                next(batches)
+            assert rb.stats()["samples"] == 0
+            fill(rb, ENV, 16, 1)   # 16 inserts: 16 rows may be sampled (diff 16 - 8 >= -8)
+            got = [next(batches) for _ in range(2)]
+            assert [len(batch["indexes"]) for batch in got] == [8, 8]
+            time.sleep(0.1)
+            stats = rb.stats()
+            limited = stats["rate_limiter"]
+            # What was drawn: the learner's two, and at most one ahead (the one ahead may still
+            # be held back: 3 * 8 = 24 needs diff 16 - 24 >= -8: it goes)
+            assert stats["samples"] in (16, 24)
+            assert limited["samples"] == stats["samples"]
+            assert limited["sample_timeouts"] >= 1
+        with pytest.raises(TimeoutError):
+            with rb.prefetch(8, timeout=0.0) as batches:
+                for _ in range(10):
+                    next(batches)
+
+
+def test_close_interrupts_a_limiter_wait_and_counts_nothing():
+    with ReplayBuffer(64, ENV, rate_limiter=MinSize(32)) as rb:
+        batches = rb.prefetch(4)   # timeout None: the limiter holds the thread back for ever
+        time.sleep(0.1)
+        started = time.monotonic()
+        batches.close()
+        assert time.monotonic() - started < 1.0
+        assert not batches._thread.is_alive()
+        limited = rb.stats()["rate_limiter"]
+        assert (limited["sample_blocks"], limited["sample_timeouts"]) == (0, 0)
+        assert next(batches, None) is None
+        # The interrupt was for that thread only, and is undone: this thread still waits.
+        with pytest.raises(TimeoutError):
+            rb.sample(4, timeout=0.06)
+
+
+def test_a_learner_blocked_in_next_is_released_by_close_from_another_thread():
+    with ReplayBuffer(64, ENV, rate_limiter=MinSize(32)) as rb:
+        batches = rb.prefetch(4)
+        outcome = []
+
+        def learner():
+            outcome.append(next(batches, "stopped"))
+
+        thread = threading.Thread(target=learner)
+        thread.start()
+        time.sleep(0.1)
+        batches.close()
+        thread.join(2.0)
+        assert not thread.is_alive() and outcome == ["stopped"]
+
+
+def test_errors_reach_the_learner():
+    with PrioritizedReplayBuffer(16, ENV) as rb:
+        batches = rb.prefetch(4)   # empty, no limiter: sample's ValueError
+        with pytest.raises(ValueError, match="empty"):
+            next(batches)
+        assert batches.closed and next(batches, None) is None
+        fill(rb, ENV, 8, 1)
+
+        def bad_beta(step):
+            if step == 2:
+                raise ArithmeticError("annealing broke")
+            return 0.4
+
+        with rb.prefetch(4, beta=bad_beta) as batches:
+            next(batches)
+            next(batches)
+            with pytest.raises(ArithmeticError, match="annealing broke"):
+                next(batches)
+            with pytest.raises(StopIteration):
+                next(batches)
+
+
+def test_a_closed_buffer_stops_the_thread():
+    rb = PrioritizedReplayBuffer(64, ENV)
+    fill(rb, ENV, 32, 1)
+    batches = rb.prefetch(4)
+    next(batches)
+    rb.close()
+    with pytest.raises(ValueError, match="closed"):
+        for _ in range(5):
+            next(batches)
+    batches._thread.join(1.0)
+    assert not batches._thread.is_alive()
+    with pytest.raises(ValueError, match="closed"):
+        rb.prefetch(4)
+
+
+def test_a_dropped_iterator_stops_its_thread():
+    with ReplayBuffer(64, ENV) as rb:
+        fill(rb, ENV, 32, 1)
+        batches = rb.prefetch(4)
+        next(batches)
+        thread = batches._thread
+        del batches
+        gc.collect()
+        thread.join(1.0)
+        assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("arguments, error, match", [
+    ({"batch_size": 0}, ValueError, "batch_size must be > 0"),
+    ({"batch_size": 2.5}, TypeError, "batch_size must be an int"),
+    ({"depth": 0}, ValueError, "depth must be >= 1"),
+    ({"beta": float("nan")}, ValueError, "beta must be finite"),
+    ({"timeout": -1}, ValueError, "timeout"),
+    ({"tensors": "tf"}, ValueError, "tensors must be one of"),
+    ({"copy": "yes"}, TypeError, "copy must be a bool"),
+    ({"out": {"obs": np.zeros(3)}}, TypeError, "out must be a list of 2 dicts"),
+    ({"out": [{}]}, ValueError, "out must hold depth=2"),
+    ({"out": [{"obs": [1]}, {}]}, TypeError, r"out\[0\] must be a dict of numpy arrays"),
+])
+def test_bad_arguments_are_refused_by_name(arguments, error, match):
+    arguments = {"batch_size": 4, **arguments}
+    with ReplayBuffer(16, ENV) as rb:
+        fill(rb, ENV, 8, 1)
+        threads = threading.active_count()
+        with pytest.raises(error, match=match):
+            rb.prefetch(arguments.pop("batch_size"), **arguments)
+        assert threading.active_count() == threads   # no thread was started
+        assert rb.stats()["samples"] == 0
+
+
+def test_shared_arrays_between_sets_are_refused():
+    with ReplayBuffer(16, ENV) as rb:
+        fill(rb, ENV, 8, 1)
+        shared = rb.sample(4)
+        with pytest.raises(ValueError, match="must not share arrays"):
+            rb.prefetch(4, out=[shared, shared])
+
+
+def test_torch_tensors_over_the_ring():
+    torch = pytest.importorskip("torch")
+    with PrioritizedReplayBuffer(64, ENV, seed=3) as rb, \
+            PrioritizedReplayBuffer(64, ENV, seed=3) as twin:
+        fill(rb, ENV, 32, 1)
+        fill(twin, ENV, 32, 1)
+        with rb.prefetch(8, tensors="torch") as batches:
+            ids = []
+            for _ in range(4):
+                batch = next(batches)
+                expected = twin.sample(8)
+                assert isinstance(batch["obs"], torch.Tensor)
+                assert batch["obs"].dtype == torch.float32
+                np.testing.assert_array_equal(batch["obs"].numpy(), expected["obs"])
+                np.testing.assert_array_equal(batch["weights"].numpy(), expected["weights"])
+                # what goes back to update_priorities stays numpy
+                assert isinstance(batch["indexes"], np.ndarray)
+                np.testing.assert_array_equal(batch["indexes"], expected["indexes"])
+                ids.append(batch["obs"].data_ptr())
+            assert len(set(ids)) == 2   # tensors over the two sets, not copies
+            assert batch["obs"].is_pinned() == torch.cuda.is_available()
+
+
+JAX_CHECK = """
+import jax, numpy as np
+from cpprb_ray import ReplayBuffer
+ENV = {"obs": {"shape": 3}, "act": {"dtype": "int64"}, "rew": {}}
+rng = np.random.default_rng(0)
+values = {"obs": rng.standard_normal((32, 3)), "act": np.arange(32), "rew": np.ones(32)}
+with ReplayBuffer(64, ENV, seed=4) as rb, ReplayBuffer(64, ENV, seed=4) as twin:
+    rb.add(**values)
+    twin.add(**values)
+    for copy in (False, True):
+        with rb.prefetch(8, tensors="jax", copy=copy) as batches:
+            for _ in range(4):
+                batch = next(batches)
+                expected = twin.sample(8)
+                assert isinstance(batch["obs"], jax.Array)
+                np.testing.assert_array_equal(np.asarray(batch["obs"]), expected["obs"])
+                assert isinstance(batch["generations"], np.ndarray)
+                assert batch["generations"].dtype == np.uint64
+                np.testing.assert_array_equal(batch["indexes"], expected["indexes"])
+        # the twin draws what the thread had drawn ahead when it was closed (0 or 1)
+        for _ in range((rb.stats()["samples"] - twin.stats()["samples"]) // 8):
+            twin.sample(8)
+print("ok")
+"""
+
+
+def test_jax_arrays_through_dlpack():
+    """In a process of its own: JAX, once imported, warns at every os.fork (which other tests
+    of this session do)."""
+    if importlib.util.find_spec("jax") is None:
+        pytest.skip("jax is not installed")
+    completed = subprocess.run([sys.executable, "-c", JAX_CHECK], capture_output=True,
+                               text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert completed.returncode == 0 and completed.stdout.strip() == "ok", completed.stderr
+
+
+def test_missing_tensor_library_is_a_clear_import_error():
+    for module in ("torch", "jax"):
+        if importlib.util.find_spec(module) is None:   # (not imported: see the jax test)
+            with ReplayBuffer(16, ENV) as rb:
+                with pytest.raises(ImportError, match=f"tensors='{module}' needs {module}"):
+                    rb.prefetch(4, tensors=module)
+            return
+    pytest.skip("torch and jax are both installed")
+
+
+def test_prefetch_class_is_what_the_method_returns():
+    with ReplayBuffer(16, ENV) as rb:
+        fill(rb, ENV, 8, 1)
+        with rb.prefetch(2) as batches:
+            assert isinstance(batches, Prefetch)
+            assert iter(batches) is batches
