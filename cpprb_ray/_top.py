@@ -17,7 +17,8 @@ Examples
 ...     _ = rb.sample(5)
 ...     rows = _top.with_rates(_top.read_buffers("cpprb_ray_doctop_"), first, 1.0)
 >>> row = rows[0]
->>> row["name"], row["kind"], row["stored"], row["capacity"], row["sampled_per_s"]
+>>> name = row["name"].rsplit("/", 1)[-1]   # an mmap buffer's name is its path (Python 3.7)
+>>> name, row["kind"], row["stored"], row["capacity"], row["sampled_per_s"]
 ('cpprb_ray_doctop_x1', 'plain', 10, 64, 5.0)
 """
 
