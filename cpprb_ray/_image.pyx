@@ -17,6 +17,7 @@ from cpprb_ray._prefetch cimport prefetch
 from cpprb_ray._segment cimport HEADER_BYTES, OP_CLEAR, OP_NONE, Header, Lane
 from cpprb_ray._segtree cimport tree_clear_all, tree_rebuild
 from cpprb_ray._store cimport ReplayStore, limiter_state
+from cpprb_ray._sync cimport mutex_contended, mutex_hand_over
 
 import numpy as np
 
@@ -38,6 +39,10 @@ cdef enum:
     DUMP_FINAL_BYTES = 8 << 20     # slots written meanwhile that the last hold copies at most
     DUMP_ATTEMPTS = 4              # starts before one hold copies everything
 
+# After a chunk whose hold kept another call waiting, how long the save yields for that call to
+# take the lock (it needs a few microseconds to wake) before it locks for the next chunk.
+cdef double DUMP_HAND_OVER_S = 0.001
+
 cdef int64_t DUMP_CHANGED = 1 << 62    # a clear or a repair came between: start again
 cdef int64_t DUMP_AGAIN = (1 << 62) + 1  # caught up with writers; another hold finishes
 
@@ -50,6 +55,7 @@ cdef struct DumpProgress:
     int64_t stored                # slots [0, stored) are the rows the chunks copy
     int64_t copied                # of which [0, copied) are copied
     uint8_t* rows                 # the copy: `capacity` records
+    bint contended                # another call waited for the last chunk's hold
 
 cdef struct DumpFinish:
     DumpProgress* progress
@@ -101,6 +107,12 @@ cdef bint dump_changed(StoreView* view, DumpProgress* p) noexcept nogil:
             or h.next_index != (p.next_index + delta) % capacity
             or h.stored_size != min(<uint64_t>p.stored + delta, capacity))
 
+cdef inline void hand_over(ReplayStore store, bint contended) noexcept:
+    if contended:
+        with nogil:
+            mutex_hand_over(store.view.mutex, DUMP_HAND_OVER_S)
+
+
 cdef int64_t dump_chunk_kernel(StoreView* view, void* arguments) noexcept nogil:
     """Copy the next DUMP_CHUNK_BYTES of the rows [copied, stored); returns the slots copied,
     or DUMP_CHANGED."""
@@ -111,6 +123,7 @@ cdef int64_t dump_chunk_kernel(StoreView* view, void* arguments) noexcept nogil:
     memcpy(p.rows + p.copied * view.stride, view.rows + p.copied * view.stride,
            <size_t>(count * view.stride))
     p.copied += count
+    p.contended = mutex_contended(view.mutex)
     return count
 
 cdef void dump_ring(StoreView* view, uint8_t* rows, uint64_t start, uint64_t count) noexcept nogil:
@@ -230,6 +243,7 @@ def dump(ReplayStore store):
                 result = store.run(dump_chunk_kernel, &progress, SIDE_NONE, 0, 0.0)
                 if result == DUMP_CHANGED:
                     break
+                hand_over(store, progress.contended)
             if result == DUMP_CHANGED:
                 continue
             for catch in range(8):  # catch up with the writers, then finish what is left
@@ -331,6 +345,7 @@ cdef struct LaneDump:
     Lane* lanes                   # the lane table, its owners cleared
     int64_t moved                 # records the last holds copied again
     bint force                    # copy again whatever moved, however much
+    bint contended                # another call waited for the last chunk's hold
 
 
 cdef int64_t lane_dump_chunk_kernel(StoreView* view, void* arguments) noexcept nogil:
@@ -340,6 +355,7 @@ cdef int64_t lane_dump_chunk_kernel(StoreView* view, void* arguments) noexcept n
     memcpy(a.rows + a.copied * view.stride, view.rows + a.copied * view.stride,
            <size_t>(count * view.stride))
     a.copied += count
+    a.contended = mutex_contended(view.mutex)
     return count
 
 
@@ -487,6 +503,7 @@ def dump_lanes(ReplayStore store):
         while progress.copied < store.view.capacity:
             holds += 1
             store.run(lane_dump_chunk_kernel, &progress, SIDE_NONE, 0, 0.0)
+            hand_over(store, progress.contended)
         for catch in range(8):   # catch up with the writers, then finish what is left
             progress.force = catch == 7
             holds += 1

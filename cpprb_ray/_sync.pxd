@@ -43,6 +43,8 @@ cdef int mutex_lock(pthread_mutex_t* mutex) noexcept nogil
 cdef int mutex_trylock(pthread_mutex_t* mutex) noexcept nogil
 cdef int mutex_timedlock(pthread_mutex_t* mutex, double seconds) noexcept nogil
 cdef int mutex_holder(const pthread_mutex_t* mutex) noexcept nogil
+cdef bint mutex_contended(const pthread_mutex_t* mutex) noexcept nogil
+cdef void mutex_hand_over(const pthread_mutex_t* mutex, double seconds) noexcept nogil
 cdef int mutex_unlock(pthread_mutex_t* mutex) noexcept nogil
 cdef int mutex_consistent(pthread_mutex_t* mutex) noexcept nogil
 

@@ -16,6 +16,9 @@ from libc.stdint cimport uint32_t, uintptr_t
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime
 from libc.string cimport memset
 
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
 cdef extern from *:
     """
     #include <pthread.h>
@@ -63,6 +66,8 @@ MUTEX_NBYTES = MUTEX_BYTES
 
 cdef enum:
     FUTEX_TID_MASK = 0x3fffffff
+
+cdef unsigned int FUTEX_WAITERS_BIT = 0x80000000u
 
 
 cdef int mutex_init(pthread_mutex_t* mutex) noexcept nogil:
@@ -120,6 +125,22 @@ cdef int mutex_holder(const pthread_mutex_t* mutex) noexcept nogil:
     """Thread id of the holder (0 when free): glibc keeps it in the first int of a robust
     mutex, under the FUTEX_WAITERS and FUTEX_OWNER_DIED bits."""
     return (<const int*>mutex)[0] & FUTEX_TID_MASK
+
+
+cdef bint mutex_contended(const pthread_mutex_t* mutex) noexcept nogil:
+    """Whether a thread sleeps waiting for the mutex (the FUTEX_WAITERS bit of glibc's robust
+    lock word), read by its holder."""
+    return ((<const unsigned int*>mutex)[0] & FUTEX_WAITERS_BIT) != 0
+
+
+cdef void mutex_hand_over(const pthread_mutex_t* mutex, double seconds) noexcept nogil:
+    """After an unlock that woke a waiter (mutex_contended before it): yield until someone
+    holds the mutex, at most `seconds`. A holder that unlocks and locks again at once (a save's
+    chunks) would otherwise take the lock back before the woken waiter runs, and the waiter
+    would wait for all the chunks, not one."""
+    cdef double deadline = monotonic_seconds() + seconds
+    while mutex_holder(mutex) == 0 and monotonic_seconds() < deadline:
+        sched_yield()
 
 
 cdef int mutex_unlock(pthread_mutex_t* mutex) noexcept nogil:
