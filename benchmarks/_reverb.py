@@ -235,9 +235,16 @@ def importance_weights(info: Any, beta: float) -> np.ndarray:
 class ReverbApi:
     """Reverb in one placement, filled to `capacity` (see the module docstring)."""
 
-    def __init__(self, reverb: Any, capacity: int, seed: int, placement: str):
+    def __init__(self, reverb: Any, capacity: int, seed: int, placement: str,
+                 table: Any = None):
+        """`table`: another ``reverb.Table`` named TABLE to serve instead of the transitions'
+        (the in-process placement only: the server process serves the transitions' table),
+        left empty for the caller to fill through ``client`` (bench_sequences.py's items)."""
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}; got {placement!r}")
+        if table is not None and placement != "inprocess":
+            raise ValueError(f"a table of the caller's is served in process only; got "
+                             f"placement {placement!r}")
         self.reverb, self.placement = reverb, placement
         self.label = f"Reverb ({placement})"
         self.server: Any = None
@@ -245,9 +252,12 @@ class ReverbApi:
         self._iterators: Dict[int, Any] = {}
         self._writer: Optional[Writer] = None
         if placement == "inprocess":
-            self.server = reverb.Server(tables=[make_table(reverb, capacity)])
+            served = make_table(reverb, capacity) if table is None else table
+            self.server = reverb.Server(tables=[served])
             self.client = self.server.localhost_client()
             self.address = f"localhost:{self.server.port}"
+            if table is not None:
+                return  # the caller fills its table
             fill(self.client, capacity, np.random.default_rng(seed))
         else:
             self.child = ServerProcess(capacity, seed)
