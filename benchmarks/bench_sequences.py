@@ -4,7 +4,7 @@ Reverb's, the gather against the copy floor, and the bytes per step.
     python benchmarks/bench_sequences.py [--quick] [--size N] [--peers P ...] [--json FILE]
 
 (`--quick`: 2**14 steps, fewer repetitions; by default 2**20 steps. `--peers`: torchrl,
-reverb, or none; by default every one that imports here.)
+reverb, reverb_grpc, or none; by default every one that imports here.)
 
 Layout (Acme's R2D2 defaults): obs float32[64], core float32[512] (the recurrent state stored
 with every step), act int64, rew float32, done float32; ``sequence={"length": 120, "period":
@@ -15,7 +15,12 @@ per round, the order rotated every round: benchmarks/_common.one_by_one_times), 
 the rounds:
 
 - learner step: sample(64, beta=0.6) and update_priorities of its 64 sequences (one priority
-  each, with their generations);
+  each, with their generations); with Reverb, also "in a row": blocks of consecutive learner
+  steps, the libraries taking turns block by block, each block after a pause of 0.5 s and 8
+  untimed steps (Reverb's dataset makes batches ahead on threads of its own: between two of
+  its calls interleaved one by one, the other libraries' calls give those threads the time to
+  make the next batch on the second core, which hides their cost; in a row, each timed step
+  waits for work done in the timed span). Reverb is judged in a row;
 - the gather against the copy floor: sample(64) (new output arrays) and sample(64, out=) (an
   earlier sample's arrays filled again), each judged against a copy of as many bytes (64 x 120
   steps of every column, the mask, the per-sequence indexes, weights and generations) from a
@@ -24,7 +29,11 @@ the rounds:
   again and again (warm). Each gather's figure is the median of its per-round ratios to its
   floor (the two calls made in the same round, under the same load), with their quartiles,
   the same median in each fifth of the rounds, and the ratio of the minima; also the bytes at
-  the copy bandwidth of one core, as bench_frames.py measures it;
+  the copy bandwidth of one core, as bench_frames.py measures it. Twice: first with the
+  learner's mapping as the fill left it ("mapping cold": the pages other handles wrote are not
+  mapped in the sampling handle yet, and a first read of each faults), then after one byte of
+  every page was read through it ("mapping warm", as a learner's mapping is after its first
+  pass over the buffer);
 - bytes per step: the segment's bytes (rb.nbytes) over its steps (each step is stored once;
   overlapping sequences share it).
 
@@ -40,10 +49,12 @@ it finds this checkout's build):
   SequenceAdder (period 40, length 120, episode ends padded with zero steps so that every
   sequence starting in an episode is whole), makes an item ``create_item(table, priority,
   {column: history[column][-120:]})`` every 40 steps, its priority R2D2's mix of its steps'
-  (0.9 max + 0.1 mean); a prioritized table (exponent 0.9, FIFO, never full) served in this
-  process; its learner step is the next batch of 64 from a ``TrajectoryDataset`` and
-  ``mutate_priorities`` of their 64 keys (benchmarks/_reverb.py: the in-process placement,
-  Reverb's fastest, and how each call is made).
+  (0.9 max + 0.1 mean); a prioritized table (exponent 0.9, FIFO, never full); its learner
+  step is the next batch of 64 from a ``TrajectoryDataset`` and ``mutate_priorities`` of their
+  64 keys. In benchmarks/_reverb.py's two placements (how each call is made is said there):
+  ``reverb``, the server in this process (Reverb's fastest: the dataset reads the table
+  without gRPC), and ``reverb_grpc``, the server in a process of its own (this script's
+  hidden ``serve STEPS``), as Acme runs its learner and replay.
 
 --json FILE writes {"rows": [{"library", "operation", "median_us", "min_us", "max_us"}, ...],
 "gathers": [...], "verdicts": [...], "skipped": {...}, "floor": {...}, "memory": {...},
@@ -163,6 +174,9 @@ class TorchRLSequences:
             self.buffer.update_priority(written, self.torch.from_numpy(
                 steps["priorities"].astype(np.float32)))
 
+    def close(self) -> None:
+        """Nothing to release: its storage goes with the object."""
+
     def learner_step(self, priorities) -> None:
         sample = self.buffer.sample()
         per_step = self.torch.from_numpy(np.repeat(priorities, LENGTH).astype(np.float32))
@@ -172,25 +186,20 @@ class TorchRLSequences:
 class ReverbSequences:
     """Acme's R2D2 over Reverb: sequence items made by a trajectory writer as Acme's
     SequenceAdder (period PERIOD, length LENGTH, episode ends padded) makes them, in a
-    prioritized table served in this process, sampled through a TrajectoryDataset and updated
-    by mutate_priorities (benchmarks/_reverb.py's ReverbApi: its in-process placement, its
-    dataset and its learner step)."""
+    prioritized table (sequence_table) served in this process or in one of its own
+    (`placement`), sampled through a TrajectoryDataset and updated by mutate_priorities
+    (benchmarks/_reverb.py's ReverbApi: its placements, its dataset and its learner step)."""
 
-    def __init__(self, steps: int):
+    def __init__(self, steps: int, placement: str):
         from benchmarks import _reverb
 
         reverb = _reverb.import_reverb()
-        import tensorflow as tf
-
-        signature = {key: tf.TensorSpec((LENGTH,) + shape_of(spec), tf.as_dtype(spec["dtype"]))
-                     for key, spec in ENV.items()}
-        # As many items as steps: a sequence starts every PERIOD steps, so the table never
-        # evicts (as ours, which holds every sequence of its steps).
-        table = reverb.Table(
-            name=_reverb.TABLE, sampler=reverb.selectors.Prioritized(priority_exponent=0.9),
-            remover=reverb.selectors.Fifo(), max_size=steps,
-            rate_limiter=reverb.rate_limiters.MinSize(1), signature=signature)
-        self.api = _reverb.ReverbApi(reverb, steps, 0, "inprocess", table=table)
+        if placement == "inprocess":
+            self.api = _reverb.ReverbApi(reverb, steps, 0, placement,
+                                         table=sequence_table(steps))
+        else:
+            self.api = _reverb.ReverbApi(reverb, steps, 0, placement, command=[
+                sys.executable, os.path.abspath(__file__), "serve", str(steps)])
         self.table, self.pool = _reverb.TABLE, _reverb.POOL
         # Acme's adders keep `sequence_length` steps alive in the writer's history.
         self.writer = self.api.client.trajectory_writer(num_keep_alive_refs=LENGTH)
@@ -245,6 +254,23 @@ class ReverbSequences:
         self.api.close()
 
 
+def sequence_table(steps: int):
+    """Reverb's table of sequence items: prioritized (exponent 0.9, as our alpha), FIFO, a
+    signature of LENGTH steps of every column, room for as many items as steps (a sequence
+    starts every PERIOD steps: it never evicts, as ours holds every sequence of its steps)."""
+    from benchmarks import _reverb
+
+    reverb = _reverb.import_reverb()
+    import tensorflow as tf
+
+    signature = {key: tf.TensorSpec((LENGTH,) + shape_of(spec), tf.as_dtype(spec["dtype"]))
+                 for key, spec in ENV.items()}
+    return reverb.Table(
+        name=_reverb.TABLE, sampler=reverb.selectors.Prioritized(priority_exponent=0.9),
+        remover=reverb.selectors.Fifo(), max_size=steps,
+        rate_limiter=reverb.rate_limiters.MinSize(1), signature=signature)
+
+
 def shape_of(spec) -> tuple:
     """A column's step shape, as a tuple."""
     shape = spec.get("shape", ())
@@ -267,9 +293,16 @@ def sample_bytes(batch: int) -> int:
 #: work done in the timed span. TorchRL does nothing between calls.
 IN_A_ROW = "learner step, in a row"
 PEERS = {"torchrl": ("torchrl", "TorchRL", 10.0, "learner step"),
-         "reverb": ("reverb", "Reverb", 50.0, IN_A_ROW)}
-#: In a row: per block, AHEAD calls untimed (the batches Reverb made ahead), then STEPS timed;
-#: the libraries take turns block by block, the order rotated every block.
+         "reverb": ("reverb", "Reverb (in process)", 50.0, IN_A_ROW),
+         "reverb_grpc": ("reverb", "Reverb (gRPC)", 50.0, IN_A_ROW)}
+#: Reverb's placements (benchmarks/_reverb.py): its server in this process, or in a process
+#: of its own reached over gRPC, as Acme runs a learner and its replay.
+REVERB = {"reverb": "inprocess", "reverb_grpc": "grpc"}
+#: In a row: per block, a pause of SETTLE seconds (Reverb's threads finish making batches
+#: ahead, which would otherwise run during the next block, whoever's it is), AHEAD calls
+#: untimed (those batches), then the timed calls; the libraries take turns block by block, the
+#: order rotated every block.
+SETTLE = 0.5
 AHEAD = 8
 #: A sample's gather against the copy floor of its bytes: the most it may take.
 FLOOR_TARGET = 1.5
@@ -278,6 +311,11 @@ FLOOR_TARGET = 1.5
 GATHER_PAIRS = (("sample(64)", "copy floor, new array"),
                 ("sample(64, out=)", "copy floor, into an array"))
 BLOCKS = 5
+#: The gathers are measured twice: first as the run finds the learner's mapping (its pages not
+#: yet mapped in this handle where other handles wrote them: a first read of each faults), then
+#: once every page of the segment has been read through it (as a learner's mapping is after
+#: its first pass over the buffer).
+MAPPINGS = ("mapping cold", "mapping warm")
 
 
 def make_peers(wanted, steps: int):
@@ -289,7 +327,8 @@ def make_peers(wanted, steps: int):
             continue
         try:
             importlib.import_module(module)
-            peers[key] = TorchRLSequences(steps) if key == "torchrl" else ReverbSequences(steps)
+            peers[key] = (TorchRLSequences(steps) if key == "torchrl" else
+                          ReverbSequences(steps, REVERB[key]))
         except ImportError as error:
             skipped[key] = (f"not importable in this interpreter ({error}); `make "
                             f"bench-peers`, then run this script with .venv-{key}/bin/python")
@@ -297,14 +336,16 @@ def make_peers(wanted, steps: int):
 
 
 def in_a_row(calls, blocks: int, steps: int):
-    """{key: [seconds per call of each block]}: per block, each call AHEAD times untimed, then
-    `steps` times timed as one span; the keys take turns, the order rotated every block."""
+    """{key: [seconds per call of each block]}: per block, a pause of SETTLE s, each call AHEAD
+    times untimed, then `steps` times timed as one span; the keys take turns, the order
+    rotated every block."""
     keys = list(calls)
     times = {key: [] for key in keys}
     for number in range(blocks):
         shift = number % len(keys)
         for key in keys[shift:] + keys[:shift]:
             call = calls[key]
+            time.sleep(SETTLE)
             for _ in range(AHEAD):
                 call()
             start = time.perf_counter()
@@ -318,6 +359,17 @@ def stats(values) -> dict:
     """Median, min and max of per-call seconds, in µs."""
     return {"median_us": 1e6 * statistics.median(values), "min_us": 1e6 * min(values),
             "max_us": 1e6 * max(values)}
+
+
+def touch_pages(rb) -> int:
+    """Read one byte of every 4 KiB page of `rb`'s segment through `rb`'s own mapping (each
+    page then mapped in this handle); returns how many pages."""
+    pages = np.frombuffer(rb._segment.memory, dtype=np.uint8)[::4096]
+    try:
+        int(pages.sum())
+        return pages.size
+    finally:
+        del pages   # the segment's mapping cannot close while a view of it lives
 
 
 def paired(times, gather: str, floor: str) -> dict:
@@ -358,7 +410,7 @@ def summary(rows, gathers, skipped) -> list:
                                  "the per-round ratios' median and the minima's ratio")
         lines.append(
             f"target {pair['gather']} within {FLOOR_TARGET:g}x of its copy floor "
-            f"({pair['floor']}): {judged} "
+            f"({pair['floor']}), {pair['mapping']}: {judged} "
             f"({pair['median']:.2f}x, quartiles {pair['q1']:.2f}-{pair['q3']:.2f}, blocks "
             f"{min(pair['blocks']):.2f}-{max(pair['blocks']):.2f}; "
             f"{pair['minima']:.2f}x of the minima)")
@@ -373,6 +425,11 @@ def main(argv=None) -> int:
                         help="only these peers (default: every one importable here; none: "
                              "ours alone)")
     parser.add_argument("--json", default=None)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:   # the gRPC placement's server process (ReverbApi starts it)
+        from benchmarks import _reverb
+
+        return _reverb.serve(int(argv[1]), 0, table=sequence_table(int(argv[1])))
     args = parser.parse_args(argv)
     size = args.size or (2**14 if args.quick else 2**20)
     repeats = 20 if args.quick else 100
@@ -391,7 +448,8 @@ def main(argv=None) -> int:
         fill(handles, size, peers=list(peers.values()))
         print(f"filled {size} steps in {time.perf_counter() - start:.1f} s: "
               f"{rb.get_stored_size()} sequences"
-              + (f" (Reverb: {peers['reverb'].items()} items)" if "reverb" in peers else ""),
+              + "".join(f" ({PEERS[key][1]}: {peers[key].items()} items)" for key in REVERB
+                        if key in peers),
               flush=True)
         priorities = np.random.default_rng(1).random(BATCH) + 0.1
 
@@ -410,7 +468,7 @@ def main(argv=None) -> int:
         source = np.ones(2**28, dtype=np.uint8)
         target = np.empty(moved, dtype=np.uint8)
         places = iter(np.random.default_rng(2).integers(
-            0, source.size - moved, 3 * (repeats + 1)).tolist())
+            0, source.size - moved, 5 * (repeats + 1)).tolist())
 
         def new_array():
             at = next(places)
@@ -430,27 +488,38 @@ def main(argv=None) -> int:
         if "torchrl" in peers:
             calls[("torchrl", "learner step")] = lambda: peers["torchrl"].learner_step(
                 priorities)
-        if "reverb" in peers:
-            api = peers["reverb"].api
-            # (ReverbApi cycles through a pool of POOL priority arrays: the same one here.)
-            calls[("reverb", "learner step")] = api.learner_step(
-                [priorities] * peers["reverb"].pool, BATCH)
-            calls[("reverb", "sample(64)")] = api.sample(BATCH)
+        for key in REVERB:
+            if key in peers:
+                api = peers[key].api
+                # (ReverbApi cycles through a pool of POOL priority arrays: the same one here.)
+                calls[(key, "learner step")] = api.learner_step([priorities] * peers[key].pool,
+                                                                BATCH)
+                calls[(key, "sample(64)")] = api.sample(BATCH)
         for call in calls.values():
             call()
         # Interleaved: one call of each per round, the order rotated every round.
         times = _common.one_by_one_times(calls, repeats)
         rows = [dict(library=library, operation=name, **stats(times[(library, name)]))
                 for library, name in calls]
-        if "reverb" in peers:
-            blocks = in_a_row({"cpprb_ray": learner_step,
-                               "reverb": calls[("reverb", "learner step")]},
-                              3 if args.quick else 5, 8 if args.quick else 24)
+        if any(key in peers for key in REVERB):
+            blocks = in_a_row(dict([("cpprb_ray", learner_step)] + [
+                (key, calls[(key, "learner step")]) for key in REVERB if key in peers]),
+                3 if args.quick else 5, 8 if args.quick else 24)
             rows += [dict(library=library, operation=IN_A_ROW, **stats(series))
                      for library, series in blocks.items()]
-        gathers = [paired({name: times[("cpprb_ray" if name.startswith("sample") else "numpy",
-                                        name)] for name in pair}, *pair)
-                   for pair in GATHER_PAIRS]
+        gathers = []
+        for mapping in MAPPINGS:
+            if mapping != MAPPINGS[0]:
+                pages = touch_pages(rb)
+                print(f"read {pages} pages of the segment through the learner's mapping")
+                again = {key: calls[key] for pair in GATHER_PAIRS for key in (
+                    ("cpprb_ray", pair[0]), ("numpy", pair[1]))}
+                times = _common.one_by_one_times(again, repeats)
+                rows += [dict(library=library, operation=f"{name}, {mapping}",
+                              **stats(times[(library, name)])) for library, name in again]
+            for gather, floor in GATHER_PAIRS:
+                series = {gather: times[("cpprb_ray", gather)], floor: times[("numpy", floor)]}
+                gathers.append(dict(paired(series, gather, floor), mapping=mapping))
         memory = {"nbytes": rb.nbytes, "steps": size, "bytes_per_step": rb.nbytes / size,
                   "record_bytes": rb._layout.row_stride}
     finally:
@@ -459,9 +528,9 @@ def main(argv=None) -> int:
         for handle in handles[1:]:
             handle.close()
         rb.close()
-    print(f"\n{'library':<10} {'operation':<26} {'median us':>10} {'min us':>9} {'max us':>9}")
+    print(f"\n{'library':<12} {'operation':<40} {'median us':>10} {'min us':>9} {'max us':>9}")
     for row in rows:
-        print(f"{row['library']:<10} {row['operation']:<26} {row['median_us']:>10.0f} "
+        print(f"{row['library']:<12} {row['operation']:<40} {row['median_us']:>10.0f} "
               f"{row['min_us']:>9.0f} {row['max_us']:>9.0f}")
     bandwidth_floor_us = 2 * moved / bandwidth * 1e6
     print(f"\nsample(64) returns {moved / 2**20:.1f} MiB ({bandwidth_floor_us:.0f} us at the "
