@@ -42,8 +42,8 @@ Then the workloads of the other benchmarks, through their own commands (short ru
 - sequences: ``bench_sequences.py [--quick] --peers torchrl --json FILE``, under
   .venv-torchrl's interpreter when there is one (TorchRL's PrioritizedSliceSampler beside
   ours), else this one; and sequences_reverb: ``bench_sequences.py [--quick] --peers reverb
-  --json FILE`` under .venv-reverb's (Reverb's sequence items beside ours), skipped without
-  it.
+  reverb_grpc --json FILE`` under .venv-reverb's (Reverb's sequence items beside ours, its
+  server in process and in a process of its own), skipped without it.
 
 With --quick, each section starts only if what it takes (its estimate) fits in what is left of
 the promised time, and is stopped at the promised end; a section not run says why.
@@ -103,7 +103,7 @@ STOP_GRACE_S = 20
 #: 64, torchrl 33, reverb 139, apex 55 s), scaled down, with a margin.
 QUICK_ESTIMATE_S = {"cpprb": 10, "rllib": 12, "tianshou": 45, "torchrl": 28, "reverb": 85,
                     "apex": 40, "multi_node": 45, "frames": 20, "writers": 75,
-                    "sequences": 30, "sequences_reverb": 40}
+                    "sequences": 30, "sequences_reverb": 60}
 
 #: What --sections can name: the groups, then the other benchmarks.
 SECTIONS = tuple(workloads.GROUPS) + ("apex", "multi_node", "frames", "writers", "sequences",
@@ -280,13 +280,14 @@ def extra_commands(quick: bool, work_dir: str, pythons: Dict[str, str]
     out.append(("writers", [writers_python, os.path.join(HERE, "bench_writers.py")] +
                 (["--quick"] if quick else []) + ["--json", path], path, ""))
     sequences = os.path.join(HERE, "bench_sequences.py")
-    for name, peer in (("sequences", "torchrl"), ("sequences_reverb", "reverb")):
+    for name, peer, measured in (("sequences", "torchrl", ["torchrl"]),
+                                 ("sequences_reverb", "reverb", ["reverb", "reverb_grpc"])):
         path = os.path.join(work_dir, f"{name}.json")
         peer_python = pythons.get(peer, python)
         if not os.access(peer_python, os.X_OK):
             peer_python = python
         command = ([peer_python, sequences] + (["--quick"] if quick else []) +
-                   ["--peers", peer, "--json", path])
+                   ["--peers"] + measured + ["--json", path])
         if peer == "reverb" and peer_python == python:
             out.append((name, None, path, f"no Reverb interpreter found (--peer-python "
                                           f"reverb=PATH); {workloads.GET_GROUP[peer]}"))

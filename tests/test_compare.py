@@ -144,8 +144,8 @@ def test_quick_budget_skips_a_section_that_does_not_fit_and_says_why(monkeypatch
 
 def test_sequences_run_against_each_peer_in_its_interpreter(tmp_path):
     """bench_sequences.py once under the torchrl group's interpreter (--peers torchrl) and once
-    under the reverb group's (--peers reverb); without a Reverb interpreter, that one is
-    skipped with how to get it."""
+    under the reverb group's (--peers reverb reverb_grpc); without a Reverb interpreter, that
+    one is skipped with how to get it."""
     from benchmarks import compare
 
     torchrl = str(tmp_path / "torchrl-python")
@@ -159,7 +159,7 @@ def test_sequences_run_against_each_peer_in_its_interpreter(tmp_path):
     assert commands["sequences"][0][0] == torchrl
     assert commands["sequences"][0][-4:-2] == ["--peers", "torchrl"]
     assert commands["sequences_reverb"][0][0] == reverb
-    assert commands["sequences_reverb"][0][-4:-2] == ["--peers", "reverb"]
+    assert commands["sequences_reverb"][0][-5:-2] == ["--peers", "reverb", "reverb_grpc"]
     assert "--quick" in commands["sequences_reverb"][0]
     without = {name: (command, why) for name, command, _, why in compare.extra_commands(
         False, str(tmp_path), {"torchrl": torchrl})}
