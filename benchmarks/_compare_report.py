@@ -171,8 +171,9 @@ def _writers_table(result: Dict[str, Any]) -> str:
 
 def _with_targets(table: str, result: Dict[str, Any]) -> str:
     """A benchmark's table, then its target lines and the libraries it skipped (other than
-    those its command left out)."""
-    lines = [table, ""] + [f"- {line}" for line in result.get("verdicts", [])]
+    those its command left out, and their targets)."""
+    lines = [table, ""] + [f"- {line}" for line in result.get("verdicts", [])
+                           if "(not asked for" not in line]
     lines += [f"- skipped: {library}: {why}" for library, why in result.get("skipped",
                                                                             {}).items()
               if "not asked for" not in why]

@@ -379,13 +379,15 @@ def test_sequences_gather_is_judged_by_its_per_round_ratios_to_its_floor():
 def test_sequences_report_shows_rows_targets_and_real_skips():
     result = {"rows": sequence_rows((150.0, 120.0), (600.0, 480.0)),
               "verdicts": ["target learner step, in a row >= 50x Reverb (in process): met "
-                           "(60.0x; 60.0x of the minima)"],
+                           "(60.0x; 60.0x of the minima)",
+                           "target learner step >= 10x TorchRL: not measured (not asked for "
+                           "(--peers))"],
               "skipped": {"torchrl": "not asked for (--peers)", "reverb": "not importable"}}
     text = _compare_report._sequences_table(result)
     assert "| reverb |  | learner step, in a row | 600.00 | 480.00 | 1200.00 |" in text
     assert "- target learner step, in a row >= 50x Reverb (in process): met" in text
-    assert "- skipped: reverb: not importable" in text and "torchrl" not in text.split(
-        "| reverb")[-1]
+    assert "- skipped: reverb: not importable" in text and "TorchRL" not in text
+    assert "torchrl" not in text.split("| reverb")[-1]
 
 
 def test_sequences_runs_ours_alone_and_writes_its_rows(tmp_path):
