@@ -256,6 +256,9 @@ cdef bint any_committed(StoreView* view, int64_t stored) noexcept nogil:
     return False
 
 
+cdef float WEIGHT_FLOOR = 1.401298464324817e-45     # float32's least positive (subnormal) value
+
+
 cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double beta,
                         double* scratch, int64_t* indexes, float* weights) noexcept nogil:
     """Draw `batch` slots (proportional when prioritized, else uniform over committed rows)
@@ -314,10 +317,13 @@ cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double 
             return batch
         # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta. The weights are
         # float32, so float32 powf (about 1e-7 relative) is exact enough and much cheaper.
+        # A ratio of leaves too wide for float32 (a priority of 1e-153 beside one of 1 with
+        # eps=0, as a user may give) would make a weight of 0, which no importance weight is:
+        # it is given as float32's least positive value instead, so weights stay in (0, 1].
         inverse_lowest = 1.0 / lowest
         for k in range(batch):
-            weights[k] = 1.0 if beta == 0.0 else powf(
-                <float>(view.tree.sums[indexes[k]] * inverse_lowest), <float>-beta)
+            weights[k] = 1.0 if beta == 0.0 else max(WEIGHT_FLOOR, powf(
+                <float>(view.tree.sums[indexes[k]] * inverse_lowest), <float>-beta))
     else:
         for k in range(batch):
             # Skip a slot torn by a writer's death (odd generation); bounded retries, then
