@@ -129,6 +129,41 @@ def test_a_search_steered_into_a_padding_node_stays_inside_the_tree():
     """)
 
 
+def test_a_min_path_steered_into_a_padding_node_stays_inside_the_tree():
+    """The check of the min tree's path (a root min some leaf must have) followed the first
+    child holding the root's min, padding included: a padding min node equal to a corrupt root
+    min led it below the padding, past the tree's end (SIGSEGV in sample and update: seed 12
+    case 650, seed 13 case 252). Now it looks at live children only and reports the
+    corruption."""
+    run_guarded("""
+        import numpy as np, cpprb_ray
+        from cpprb_ray import _segment
+        from fuzz_segment import tree_levels
+        for capacity in (9, 65, 513, 4097):
+            rb = cpprb_ray.PrioritizedReplayBuffer(capacity, {"obs": {}}, backend="mmap")
+            rb.add(obs=np.ones(capacity))
+            header = _segment.read_header(rb._segment.memory)
+            levels, sum_doubles = tree_levels(capacity)
+            tree = np.frombuffer(rb._segment.memory, np.float64, offset=header["tree_offset"],
+                                 count=_segment.tree_nbytes(capacity) // 8)
+            def min_node(level, node):
+                return sum_doubles + levels[level][0] - levels[1][0] + node
+            top = len(levels) - 1
+            tree[min_node(top, 0)] = 0.0                    # a root min no leaf has ...
+            for level in range(1, top):                     # ... in a padding node below it
+                tree[min_node(level, levels[level][2] - 1)] = 0.0
+            del tree
+            for call in (lambda: rb.sample(16), lambda: rb.update_priorities([0], [2.0])):
+                try:
+                    call()
+                except ValueError as error:
+                    assert "corrupt" in str(error), error
+                else:
+                    raise AssertionError("a min path through a padding node was not seen")
+            rb.close()
+    """)
+
+
 def test_a_segment_tree_on_guarded_memory_survives_corrupt_padding():
     run_guarded("""
         import ctypes, mmap, numpy as np
