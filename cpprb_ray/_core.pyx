@@ -26,8 +26,9 @@ from cpprb_ray._segtree cimport (Xoshiro256, is_unset, rng_uniform, tree_bind,
                                  tree_clear_all, tree_consistent, tree_min, tree_rebuild,
                                  tree_refresh, tree_refresh_range, tree_sample, tree_total,
                                  unset_leaf)
-from cpprb_ray._sync cimport (LOCK_TIMED_OUT, LOCKED_OWNER_DIED, mutex_consistent,
-                              mutex_timedlock, mutex_trylock, mutex_unlock, pthread_mutex_t)
+from cpprb_ray._sync cimport (LOCK_CORRUPT, LOCK_TIMED_OUT, LOCKED_OWNER_DIED,
+                              mutex_consistent, mutex_timedlock, mutex_trylock, mutex_unlock,
+                              pthread_mutex_t)
 
 cdef extern from *:
     """
@@ -133,6 +134,8 @@ cdef int store_lock(StoreView* view, double timeout_s) noexcept nogil:
         status = mutex_timedlock(view.mutex, timeout_s)
     if status == LOCK_TIMED_OUT:
         return ST_LOCK_TIMEOUT
+    if status == LOCK_CORRUPT:
+        return ST_CORRUPT
     if status < 0:
         view.lock_errno = -status
         return ST_LOCK_ERROR

@@ -164,6 +164,65 @@ def test_a_min_path_steered_into_a_padding_node_stays_inside_the_tree():
     """)
 
 
+@pytest.mark.parametrize("kind", [0xB832DCB3, 0, 0x30, 0xFFFFFFFF])
+def test_a_corrupt_mutex_kind_is_a_corrupt_segment_not_an_abort(kind):
+    """The mutex's kind word (glibc's __kind) overwritten, its holder dead: glibc took the
+    path of another kind of mutex (priority inheritance) against our lock word and aborted
+    the process on an assertion (SIGABRT: seed 14, case 244). Now every lock checks the kind
+    first: the corrupt-segment error, in a view attached before and one attached after."""
+    run_guarded(f"""
+        import struct, numpy as np, cpprb_ray
+        from cpprb_ray import _segment
+        from fuzz_segment import DEAD_TID, FUTEX_OWNER_DIED
+        rb = cpprb_ray.PrioritizedReplayBuffer(16, {{"obs": {{}}}}, backend="mmap",
+                                               lock_timeout=2.0)
+        rb.add(obs=np.ones(4))
+        struct.pack_into("<I", rb._segment.memory, _segment.MUTEX_OFFSET + 16, {kind})
+        struct.pack_into("<I", rb._segment.memory, _segment.MUTEX_OFFSET,
+                         FUTEX_OWNER_DIED | DEAD_TID)
+        late = None
+        try:
+            late = cpprb_ray.attach(rb.name, lock_timeout=2.0)
+        except ValueError as error:
+            assert "not a valid cpprb_ray buffer" in str(error), error
+        for handle in (rb, late):
+            if handle is None:
+                continue
+            for call in (lambda: handle.sample(2), lambda: handle.add(obs=[1.0]),
+                         lambda: handle.update_priorities([0], [1.0])):
+                try:
+                    call()
+                except ValueError as error:
+                    assert "corrupt" in str(error), error
+                else:
+                    raise AssertionError("a lock of a mutex of another kind went through")
+        location = rb.name
+        for handle in (late, rb):
+            try:
+                handle is not None and handle.close()
+            except ValueError:
+                pass
+        cpprb_ray._memory.unlink("mmap", location)
+    """)
+
+
+def test_a_bounded_lanes_numbers_take_a_counter_near_2_64():
+    """A bounded lane (next_of) numbers its rows from the rows added since the last clear; a
+    counter of 2**63 (a hostile header; seed 14, case 168) overflowed numpy's int64 in
+    get_all_transitions. The numbers are those modulo the lane's size, as for any count."""
+    env = {"obs": {"shape": 2}, "act": {}}
+    with cpprb_ray.ReplayBuffer(8, env, next_of="obs", backend="mmap") as rb:
+        for t in range(3):
+            rb.add(obs=[t, t], act=t, next_obs=[t + 1, t + 1])
+        before = rb.get_all_transitions()
+        offset = 8 * (("magic",) + _segment.HEADER_FIELDS).index("rows_added")
+        added = struct.unpack_from("<Q", rb._segment.memory, offset)[0]
+        struct.pack_into("<Q", rb._segment.memory, offset, added + 2**63)
+        after = rb.get_all_transitions()
+        for name in before:
+            np.testing.assert_array_equal(after[name], before[name])
+
+
 def test_a_segment_tree_on_guarded_memory_survives_corrupt_padding():
     run_guarded("""
         import ctypes, mmap, numpy as np
