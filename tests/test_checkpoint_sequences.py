@@ -18,11 +18,9 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import struct
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -43,13 +41,16 @@ import _checkpoint_workers  # noqa: E402
 import _sequence_streams as streams  # noqa: E402
 from _workers import tree_problems  # noqa: E402
 from test_checkpoint import _crafted, refused  # noqa: E402
-from test_checkpoint_lanes import _crafted_versioned, _version  # noqa: E402
+from test_checkpoint_lanes import (  # noqa: E402
+    _version,
+    assert_refused_after,
+    saves_during_writes,
+)
 from test_sequences import Oracle  # noqa: E402
 
 CLASSES = [ReplayBuffer, PrioritizedReplayBuffer]
 SEQUENCE = {"length": streams.LENGTH, "period": streams.PERIOD}
 SEED_OF = streams.seed_of_stream
-TIMEOUT = 60.0
 
 
 def make(cls, size, backend="auto", env=None, **options):
@@ -239,34 +240,10 @@ def test_save_while_writer_processes_add_sequences(tmp_path):
     write count says how many steps), every one exact, padding and mask included."""
     env = dict(streams.ENV, pad={"shape": (PAD,), "dtype": np.float32})
     lane_slots = 512
-    ctx = multiprocessing.get_context("spawn")
     with make(PrioritizedReplayBuffer, 2 * lane_slots, env=env, lanes=2) as rb:
-        assert rb._layout.capacity * rb._layout.row_stride > 3 * (4 << 20)
-        readies = [ctx.Event() for _ in range(2)]
-        writers = [ctx.Process(target=_checkpoint_workers.add_sequences_forever,
-                               args=(rb, stream, ready, PAD))
-                   for stream, ready in enumerate(readies)]
-        for writer in writers:
-            writer.start()
-        files, recopied, holds = [], 0, []
-        try:
-            assert all(ready.wait(TIMEOUT) for ready in readies), "a writer never added"
-            # Six saves, more where none of them met a write (see test_checkpoint_lanes).
-            for k in range(40):
-                if k >= 6 and recopied > 0:
-                    break
-                time.sleep(0.05)
-                files.append(tmp_path / f"rb{k}.ckpt")
-                rb.save(files[-1])
-                header = rb._image.dump()[0]
-                recopied += header["recopied"]
-                holds.append(header["lock_holds"])
-        finally:
-            for writer in writers:
-                writer.kill()
-                writer.join(TIMEOUT)
-        assert min(holds) >= 5, holds     # 4 chunks at least, and the last hold
-        assert recopied > 0, "no record moved while a dump copied them"
+        files = saves_during_writes(
+            rb, _checkpoint_workers.add_sequences_forever,
+            [lambda ready, s=stream: (rb, s, ready, PAD) for stream in range(2)], tmp_path)
         states, wrapped = set(), False
         replays = {stream: Replay(stream) for stream in range(2)}
         for file in files:
@@ -468,14 +445,7 @@ def _drop_sequence(description, sections):
 def test_crafted_sequence_sections_are_refused(saved, change, match):
     """Behind valid checksums: every sequence record, count and config that no write leaves is
     refused, naming the file, and no segment is left behind (the autouse fixture)."""
-    def changed(description, sections):
-        version = description.pop("format_version", None)
-        change(description, sections)
-        description.setdefault("format_version", version)
-
-    _crafted_versioned(saved, changed)
-    with refused(saved, match):
-        PrioritizedReplayBuffer.load(saved)
+    assert_refused_after(saved, change, match)
 
 
 def test_the_fixture_loads_as_it_was_written(saved):
