@@ -14,6 +14,9 @@ The contract (docs/learner.md):
   next ``next()``, which is also when its set may be refilled with batch ``k + depth``. So the
   thread keeps up to ``depth - 1`` batches ready ahead of the one in use. ``copy=True``
   yields owned copies (and frees the set at once).
+- Once the ring is full the thread sleeps until the learner has taken every batch ready, then
+  refills all free sets: one wake-up of it (a system call of the learner's ``next()``) per
+  ``depth - 1`` batches; a ``next()`` whose batch is ready otherwise takes no lock.
 - No allocation per batch: the sets are allocated once, from the first batch's arrays.
 - ``beta`` may be a callable of the batch number ``k`` (0, 1, ...): annealing.
 - Rate limiters keep their exact semantics: a batch counts as sampled when the thread draws
@@ -164,7 +167,9 @@ def _owned(value: Any) -> Any:
         return value.copy()
     if hasattr(value, "clone"):   # torch
         return value.clone()
-    return importlib.import_module("jax.numpy").array(value, copy=True)
+    # JAX dispatches the copy and returns at once: wait for it, since the set it reads is
+    # given back to the thread (and refilled) as soon as this returns.
+    return importlib.import_module("jax.numpy").array(value, copy=True).block_until_ready()
 
 
 def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: int,
