@@ -28,9 +28,10 @@ Workloads:
 - threads: a learner whose step is a float32 192 x 192 matmul through numpy's BLAS or
   (``--threads torch``) through torch's intra-op threads, as a network's layers would be,
   with 2 math threads and with 1 (``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``, and
-  ``torch.set_num_threads``; each run a process of its own, twice, interleaved): the median
-  sample(256) at 2^20 rows (--quick: 2^16) timed between steps, and steps per second and the
-  learner's wait without and with prefetch. ``--only-threads`` runs this part alone.
+  ``torch.set_num_threads``; each run a process of its own, ``--rounds`` times, interleaved):
+  the median sample(256) at 2^20 rows (--quick: 2^16) timed between steps, and steps per
+  second and the learner's wait without prefetch and with it at depths 2 and 4.
+  ``--only-threads`` runs this part alone.
 
 Sequences (recurrent learners) are measured here once the buffer has them (``sequence=``);
 TorchRL's prefetching buffer is compared where torchrl is installed (it is not in this
@@ -241,29 +242,31 @@ def threads_probe(steps: int, library: str, capacity: int) -> None:
             times.append(time.perf_counter() - asked)
         result["direct_steps_per_s"] = steps / (time.perf_counter() - started)
         result["sample_us"] = statistics.median(times) * 1e6
-        with rb.prefetch(256, depth=2) as batches:
-            next(batches)
-            waits = []
-            started = time.perf_counter()
-            for _ in range(steps):
-                asked = time.perf_counter()
+        for depth in (2, 4):
+            with rb.prefetch(256, depth=depth) as batches:
                 next(batches)
-                waits.append(time.perf_counter() - asked)
-                a @ b
-            result["prefetch_steps_per_s"] = steps / (time.perf_counter() - started)
-            result["prefetch_wait_us"] = statistics.median(waits) * 1e6
-            result["prefetch_mean_wait_us"] = statistics.fmean(waits) * 1e6
+                waits = []
+                started = time.perf_counter()
+                for _ in range(steps):
+                    asked = time.perf_counter()
+                    next(batches)
+                    waits.append(time.perf_counter() - asked)
+                    a @ b
+                result[f"prefetch{depth}_steps_per_s"] = steps / (time.perf_counter() - started)
+                result[f"prefetch{depth}_wait_us"] = statistics.median(waits) * 1e6
+                result[f"prefetch{depth}_mean_wait_us"] = statistics.fmean(waits) * 1e6
     finally:
         rb.close()
     print(json.dumps(result))
 
 
-def threads_runs(steps: int, library: str, capacity: int) -> List[Dict[str, Any]]:
+def threads_runs(steps: int, library: str, capacity: int,
+                 rounds: int = 2) -> List[Dict[str, Any]]:
     """threads_probe with 2 math threads and with 1 (``OMP_NUM_THREADS`` and its kin; torch's
-    set_num_threads too), each in a process of its own (a library reads them once), twice,
-    interleaved."""
+    set_num_threads too), each in a process of its own (a library reads them once), `rounds`
+    times, interleaved."""
     found = []
-    for _ in range(2):
+    for _ in range(rounds):
         for threads in (2, 1):
             env = dict(os.environ, OMP_NUM_THREADS=str(threads),
                        OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -277,10 +280,13 @@ def threads_runs(steps: int, library: str, capacity: int) -> List[Dict[str, Any]
             found.append(result)
             print(f"{library} threads {threads}: sample(256) at {capacity} rows between "
                   f"matmul steps {result['sample_us']:.1f} us median; steps/s direct "
-                  f"{result['direct_steps_per_s']:.0f}, prefetch "
-                  f"{result['prefetch_steps_per_s']:.0f} (learner wait per batch "
-                  f"{result['prefetch_wait_us']:.1f} us median, "
-                  f"{result['prefetch_mean_wait_us']:.1f} us mean); load "
+                  f"{result['direct_steps_per_s']:.0f}, prefetch depth 2 "
+                  f"{result['prefetch2_steps_per_s']:.0f} (learner wait per batch "
+                  f"{result['prefetch2_wait_us']:.1f} us median, "
+                  f"{result['prefetch2_mean_wait_us']:.1f} us mean), depth 4 "
+                  f"{result['prefetch4_steps_per_s']:.0f} ("
+                  f"{result['prefetch4_wait_us']:.1f} us, "
+                  f"{result['prefetch4_mean_wait_us']:.1f} us); load "
                   f"{result['load_average_1']:.2f}", flush=True)
     return found
 
@@ -297,6 +303,8 @@ def main() -> None:
                              "it is installed)")
     parser.add_argument("--only-threads", action="store_true",
                         help="run the threads runs alone")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds of the threads runs (each: 2 threads, then 1)")
     parser.add_argument("--threads-probe", help=argparse.SUPPRESS)
     parser.add_argument("--capacity-log2", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -305,10 +313,15 @@ def main() -> None:
     if args.threads_probe:
         threads_probe(steps, args.threads_probe, capacity)
         return
-    if args.only_threads:
-        print(_common.header(_common.run_info(args.quick)), flush=True)
-        threads_runs(steps, args.threads, capacity)
+    if args.only_threads:   # (in an environment of its own, maybe without cpprb: no header)
+        print(f"machine: {_common.machine()} ({os.cpu_count()} CPUs); Python "
+              f"{sys.version.split()[0]}, numpy {np.__version__}; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+        threads = threads_runs(steps, args.threads, capacity, args.rounds)
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"threads": threads}, handle, indent=1)
         return
     depths = [int(depth) for depth in args.depths.split(",")]
     cpprb_ray = _common.import_cpprb_ray()
@@ -331,7 +344,7 @@ def main() -> None:
           f"{limited['ratio']:.3f}; diff seen {limited['diff_seen']} in window "
           f"{limited['diff_window']}: {limited['in_window']}; learner wait "
           f"{limited['wait_us']:.1f} us per batch", flush=True)
-    threads = threads_runs(steps, args.threads, capacity)
+    threads = threads_runs(steps, args.threads, capacity, args.rounds)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         with open(args.json, "w") as handle:
