@@ -26,8 +26,9 @@ from cpprb_ray._segtree cimport (Xoshiro256, is_unset, rng_uniform, tree_bind,
                                  tree_clear_all, tree_consistent, tree_min, tree_rebuild,
                                  tree_refresh, tree_refresh_range, tree_sample, tree_total,
                                  unset_leaf)
-from cpprb_ray._sync cimport (LOCK_TIMED_OUT, LOCKED_OWNER_DIED, mutex_consistent,
-                              mutex_timedlock, mutex_trylock, mutex_unlock, pthread_mutex_t)
+from cpprb_ray._sync cimport (LOCK_CORRUPT, LOCK_TIMED_OUT, LOCKED_OWNER_DIED,
+                              mutex_consistent, mutex_timedlock, mutex_trylock, mutex_unlock,
+                              pthread_mutex_t)
 
 cdef extern from *:
     """
@@ -133,6 +134,8 @@ cdef int store_lock(StoreView* view, double timeout_s) noexcept nogil:
         status = mutex_timedlock(view.mutex, timeout_s)
     if status == LOCK_TIMED_OUT:
         return ST_LOCK_TIMEOUT
+    if status == LOCK_CORRUPT:
+        return ST_CORRUPT
     if status < 0:
         view.lock_errno = -status
         return ST_LOCK_ERROR
@@ -256,6 +259,9 @@ cdef bint any_committed(StoreView* view, int64_t stored) noexcept nogil:
     return False
 
 
+cdef float WEIGHT_FLOOR = 1.401298464324817e-45     # float32's least positive (subnormal) value
+
+
 cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double beta,
                         double* scratch, int64_t* indexes, float* weights) noexcept nogil:
     """Draw `batch` slots (proportional when prioritized, else uniform over committed rows)
@@ -314,10 +320,13 @@ cdef int64_t store_draw(StoreView* view, Xoshiro256* rng, int64_t batch, double 
             return batch
         # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / p_min)^-beta. The weights are
         # float32, so float32 powf (about 1e-7 relative) is exact enough and much cheaper.
+        # A ratio of leaves too wide for float32 (a priority of 1e-153 beside one of 1 with
+        # eps=0, as a user may give) would make a weight of 0, which no importance weight is:
+        # it is given as float32's least positive value instead, so weights stay in (0, 1].
         inverse_lowest = 1.0 / lowest
         for k in range(batch):
-            weights[k] = 1.0 if beta == 0.0 else powf(
-                <float>(view.tree.sums[indexes[k]] * inverse_lowest), <float>-beta)
+            weights[k] = 1.0 if beta == 0.0 else max(WEIGHT_FLOOR, powf(
+                <float>(view.tree.sums[indexes[k]] * inverse_lowest), <float>-beta))
     else:
         for k in range(batch):
             # Skip a slot torn by a writer's death (odd generation); bounded retries, then

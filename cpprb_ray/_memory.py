@@ -297,7 +297,15 @@ def locate(name_or_path: Union[str, os.PathLike[str]]) -> Tuple[str, str]:
 
 def attach(backend: str, location: str) -> Segment:
     """Map an existing segment read-write. FileNotFoundError if it does not exist."""
-    fd = open_existing(backend, location, os.O_RDWR)
+    try:
+        fd = open_existing(backend, location, os.O_RDWR)
+    except PermissionError:
+        # Its mode (0600) kept us out: say whose it is, as check_owner does for one we opened.
+        try:
+            check_owner(os.stat(file_of(backend, location)).st_uid, location)
+        except FileNotFoundError:
+            pass
+        raise
     try:
         status = os.fstat(fd)
         check_owner(status.st_uid, location)

@@ -147,7 +147,9 @@ class LaneSampler:
         age = np.argsort((slots - head) % self._slots, kind="stable")
         count = len(slots)
         numbers = np.empty(count, dtype=np.int64)
-        numbers[age] = (since_clear - count + np.arange(count)) % self._rows
+        # The first number in Python's integers: a counter near 2**64 (it only grows; a
+        # hostile header may put it there) must not overflow numpy's int64.
+        numbers[age] = ((since_clear - count) % self._rows + np.arange(count)) % self._rows
         return rows, numbers
 
     def all_rows(self, room: int) -> Dict[str, np.ndarray]:

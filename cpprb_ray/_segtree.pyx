@@ -301,7 +301,7 @@ cdef bint tree_consistent(const TreeView* view) noexcept nogil:
     cdef double prefix[FANOUT + 1]
     cdef double value
     cdef int64_t node = 0, first, chosen
-    cdef int level, c
+    cdef int level, c, live
     if not (total >= 0.0 and total < INFINITY):
         return False
     if view.depth == 0:
@@ -312,7 +312,10 @@ cdef bint tree_consistent(const TreeView* view) noexcept nogil:
     for level in range(view.depth, 0, -1):
         first = node << FANOUT_BITS
         chosen = -1
-        for c in range(FANOUT):
+        # Live children only: a padding node that holds the min (a corrupt segment) must not
+        # lead the walk below it, past the end of the tree.
+        live = <int>min(<int64_t>FANOUT, view.counts[level - 1] - first)
+        for c in range(live):
             value = (min_key(view.sums[first + c]) if level == 1
                      else view.mins[view.offsets[level - 1] + first + c])
             if not value >= low:      # NaN, or below the min of the node above it

@@ -16,6 +16,7 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_mutexattr_setpshared(pthread_mutexattr_t* attr, int pshared)
     int pthread_mutexattr_setrobust(pthread_mutexattr_t* attr, int robust)
     int pthread_mutex_init(pthread_mutex_t* mutex, const pthread_mutexattr_t* attr)
+    int pthread_mutex_destroy(pthread_mutex_t* mutex)
     int pthread_mutex_lock(pthread_mutex_t* mutex)
     int pthread_mutex_unlock(pthread_mutex_t* mutex)
     int pthread_mutex_consistent(pthread_mutex_t* mutex)
@@ -37,6 +38,7 @@ cdef enum:
     LOCKED = 0
     LOCKED_OWNER_DIED = 1     # we hold it; the previous holder died: repair, then mark consistent
     LOCK_TIMED_OUT = 2        # not acquired within the time given
+    LOCK_CORRUPT = 3          # not tried: the mutex's kind is not what mutex_init makes
 
 cdef int mutex_init(pthread_mutex_t* mutex) noexcept nogil
 cdef int mutex_lock(pthread_mutex_t* mutex) noexcept nogil

@@ -66,6 +66,7 @@ MUTEX_NBYTES = MUTEX_BYTES
 
 cdef enum:
     FUTEX_TID_MASK = 0x3fffffff
+    KIND_INT = 4                  # the kind word's index, in ints, in glibc's pthread_mutex_t
 
 cdef unsigned int FUTEX_WAITERS_BIT = 0x80000000u
 
@@ -98,12 +99,39 @@ cdef inline int lock_result(int status) noexcept nogil:
     return -status
 
 
+cdef int made_kind() noexcept nogil:
+    """The kind word (the int after the lock word, count, owner and users: glibc's __kind)
+    that mutex_init leaves, read from a scratch mutex made the same way."""
+    cdef pthread_mutex_t scratch
+    cdef int kind
+    if mutex_init(&scratch):
+        return -1
+    kind = (<const int*>&scratch)[KIND_INT]
+    pthread_mutex_destroy(&scratch)
+    return kind
+
+
+# The kind word says how glibc treats the mutex (robust, shared, priority inheritance, ...) and
+# no call changes it. A stray write there made glibc take a path for another kind of mutex
+# against our lock word, and abort the process on an assertion (fuzzer: seed 14, case 244): it is
+# checked before every lock, a load from the line the lock takes anyway.
+cdef int MADE_KIND = made_kind()
+
+
+cdef inline bint kind_intact(const pthread_mutex_t* mutex) noexcept nogil:
+    return (<const int*>mutex)[KIND_INT] == MADE_KIND
+
+
 cdef int mutex_lock(pthread_mutex_t* mutex) noexcept nogil:
+    if not kind_intact(mutex):
+        return LOCK_CORRUPT
     return lock_result(pthread_mutex_lock(mutex))
 
 
 cdef int mutex_trylock(pthread_mutex_t* mutex) noexcept nogil:
     """mutex_lock that returns at once: LOCK_TIMED_OUT when someone else holds it."""
+    if not kind_intact(mutex):
+        return LOCK_CORRUPT
     return lock_result(pthread_mutex_trylock(mutex))
 
 
@@ -114,6 +142,8 @@ cdef int mutex_timedlock(pthread_mutex_t* mutex, double seconds) noexcept nogil:
     must not block them forever)."""
     cdef timespec deadline
     cdef long nanoseconds
+    if not kind_intact(mutex):
+        return LOCK_CORRUPT
     clock_gettime(CLOCK_REALTIME, &deadline)   # timedlock measures against CLOCK_REALTIME
     nanoseconds = deadline.tv_nsec + <long>((seconds - <long>seconds) * 1e9)
     deadline.tv_sec += <long>seconds + nanoseconds // 1000000000
@@ -212,6 +242,9 @@ cdef class SharedMutex:
         cdef int status
         with nogil:
             status = mutex_lock(self.mutex)
+        if status == LOCK_CORRUPT:
+            raise ValueError("the mutex is corrupt: its kind word is not what a process-shared "
+                             "robust mutex holds (memory written by something else)")
         if status < 0:
             raise OSError(-status, "pthread_mutex_lock failed")
         return status == LOCKED_OWNER_DIED

@@ -470,6 +470,18 @@ class Case:
             self.frames = rng.random() < 0.7 and self.capacity >= 12 * self.lanes
             self.mutations += [lane_mutation(rng, self.capacity)
                                for _ in range(rng.choice([0, 1, 1, 2, 3]))]
+        # Sequence buffers (drawn last, for the same reason): a laned segment whose records'
+        # links say which slots start a sequence and how many of its steps are real, so the
+        # link and lane mutations above reach what their draw, gather and repair trust.
+        self.sequence: Optional[Dict[str, int]] = None
+        if rng.random() < 0.25 and not self.nstep and not self.frames:
+            length = rng.choice([1, 2, 3, 5])
+            lanes = self.lanes or rng.choice([1, 2])
+            if self.capacity // lanes >= length:
+                self.lanes = lanes
+                self.sequence = {"length": length, "period": rng.randint(1, length)}
+                self.mutations += [lane_mutation(rng, self.capacity)
+                                   for _ in range(rng.choice([1, 2, 3]))]
 
 
 def make_rows(env_dict: Dict[str, Dict[str, Any]], count: int, rng: np.random.Generator
@@ -585,6 +597,8 @@ def run_case(seed: int, case_id: int, shm_prefix: str, directory: str, live_tids
         options["lanes"] = case.lanes
         if case.frames:
             options.update(next_of="obs", stack_compress="obs")
+        if case.sequence:
+            options["sequence"] = case.sequence
     if case.backend == "shm":
         options.update(backend="shm", name=f"{shm_prefix}_{case_id}")
     else:

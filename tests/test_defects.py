@@ -324,6 +324,21 @@ def test_a_nan_in_the_tree_is_reported_as_corrupt():
             rb.sample(4)
 
 
+def test_weights_too_small_for_float32_are_its_least_positive_value_not_zero():
+    """A priority of 1e-153 beside priorities of 1 (eps=0, alpha=1: a user may give them) puts
+    the other rows' weights at 1e-153, below float32's range: they come as its least positive
+    value, never 0 (found by tests/fuzz_segment.py, seed 11, case 80)."""
+    with cpprb_ray.PrioritizedReplayBuffer(8, ENV, alpha=1.0, eps=0.0, seed=0) as rb:
+        rb.add(obs=np.ones((2, 4)), rew=np.zeros(2), priorities=[1e-153, 1.0])
+        weights = rb.sample(64, beta=1.0)["weights"]
+        indexes = rb.sample(64, beta=1.0)["indexes"]
+        assert set(indexes.tolist()) == {1}      # the tiny row is (almost) never drawn
+        assert (weights > 0).all() and (weights <= 1).all()
+        assert (weights == np.finfo(np.float32).smallest_subnormal).all()
+        rb.update_priorities([0], [1e-30])       # a ratio float32 holds: exact again
+        np.testing.assert_allclose(rb.sample(8, beta=1.0)["weights"], 1e-30, rtol=1e-5)
+
+
 def test_a_buffer_of_only_torn_rows_says_so():
     with cpprb_ray.PrioritizedReplayBuffer(8, ENV, backend="mmap") as rb:
         rb.add(obs=np.ones((8, 4)), rew=np.zeros(8))

@@ -129,6 +129,100 @@ def test_a_search_steered_into_a_padding_node_stays_inside_the_tree():
     """)
 
 
+def test_a_min_path_steered_into_a_padding_node_stays_inside_the_tree():
+    """The check of the min tree's path (a root min some leaf must have) followed the first
+    child holding the root's min, padding included: a padding min node equal to a corrupt root
+    min led it below the padding, past the tree's end (SIGSEGV in sample and update: seed 12
+    case 650, seed 13 case 252). Now it looks at live children only and reports the
+    corruption."""
+    run_guarded("""
+        import numpy as np, cpprb_ray
+        from cpprb_ray import _segment
+        from fuzz_segment import tree_levels
+        for capacity in (9, 65, 513, 4097):
+            rb = cpprb_ray.PrioritizedReplayBuffer(capacity, {"obs": {}}, backend="mmap")
+            rb.add(obs=np.ones(capacity))
+            header = _segment.read_header(rb._segment.memory)
+            levels, sum_doubles = tree_levels(capacity)
+            tree = np.frombuffer(rb._segment.memory, np.float64, offset=header["tree_offset"],
+                                 count=_segment.tree_nbytes(capacity) // 8)
+            def min_node(level, node):
+                return sum_doubles + levels[level][0] - levels[1][0] + node
+            top = len(levels) - 1
+            tree[min_node(top, 0)] = 0.0                    # a root min no leaf has ...
+            for level in range(1, top):                     # ... in a padding node below it
+                tree[min_node(level, levels[level][2] - 1)] = 0.0
+            del tree
+            for call in (lambda: rb.sample(16), lambda: rb.update_priorities([0], [2.0])):
+                try:
+                    call()
+                except ValueError as error:
+                    assert "corrupt" in str(error), error
+                else:
+                    raise AssertionError("a min path through a padding node was not seen")
+            rb.close()
+    """)
+
+
+@pytest.mark.parametrize("kind", [0xB832DCB3, 0, 0x30, 0xFFFFFFFF])
+def test_a_corrupt_mutex_kind_is_a_corrupt_segment_not_an_abort(kind):
+    """The mutex's kind word (glibc's __kind) overwritten, its holder dead: glibc took the
+    path of another kind of mutex (priority inheritance) against our lock word and aborted
+    the process on an assertion (SIGABRT: seed 14, case 244). Now every lock checks the kind
+    first: the corrupt-segment error, in a view attached before and one attached after."""
+    run_guarded(f"""
+        import struct, numpy as np, cpprb_ray
+        from cpprb_ray import _segment
+        from fuzz_segment import DEAD_TID, FUTEX_OWNER_DIED
+        rb = cpprb_ray.PrioritizedReplayBuffer(16, {{"obs": {{}}}}, backend="mmap",
+                                               lock_timeout=2.0)
+        rb.add(obs=np.ones(4))
+        struct.pack_into("<I", rb._segment.memory, _segment.MUTEX_OFFSET + 16, {kind})
+        struct.pack_into("<I", rb._segment.memory, _segment.MUTEX_OFFSET,
+                         FUTEX_OWNER_DIED | DEAD_TID)
+        late = None
+        try:
+            late = cpprb_ray.attach(rb.name, lock_timeout=2.0)
+        except ValueError as error:
+            assert "not a valid cpprb_ray buffer" in str(error), error
+        for handle in (rb, late):
+            if handle is None:
+                continue
+            for call in (lambda: handle.sample(2), lambda: handle.add(obs=[1.0]),
+                         lambda: handle.update_priorities([0], [1.0])):
+                try:
+                    call()
+                except ValueError as error:
+                    assert "corrupt" in str(error), error
+                else:
+                    raise AssertionError("a lock of a mutex of another kind went through")
+        location = rb.name
+        for handle in (late, rb):
+            try:
+                handle is not None and handle.close()
+            except ValueError:
+                pass
+        cpprb_ray._memory.unlink("mmap", location)
+    """)
+
+
+def test_a_bounded_lanes_numbers_take_a_counter_near_2_64():
+    """A bounded lane (next_of) numbers its rows from the rows added since the last clear; a
+    counter of 2**63 (a hostile header; seed 14, case 168) overflowed numpy's int64 in
+    get_all_transitions. The numbers are those modulo the lane's size, as for any count."""
+    env = {"obs": {"shape": 2}, "act": {}}
+    with cpprb_ray.ReplayBuffer(8, env, next_of="obs", backend="mmap") as rb:
+        for t in range(3):
+            rb.add(obs=[t, t], act=t, next_obs=[t + 1, t + 1])
+        before = rb.get_all_transitions()
+        offset = 8 * (("magic",) + _segment.HEADER_FIELDS).index("rows_added")
+        added = struct.unpack_from("<Q", rb._segment.memory, offset)[0]
+        struct.pack_into("<Q", rb._segment.memory, offset, added + 2**63)
+        after = rb.get_all_transitions()
+        for name in before:
+            np.testing.assert_array_equal(after[name], before[name])
+
+
 def test_a_segment_tree_on_guarded_memory_survives_corrupt_padding():
     run_guarded("""
         import ctypes, mmap, numpy as np

@@ -18,7 +18,9 @@ import shutil
 import stat
 import subprocess
 import sys
+import textwrap
 
+import numpy as np
 import pytest
 
 import cpprb_ray
@@ -103,6 +105,30 @@ def test_attach_refuses_another_users_segment(backend, nobody):
         assert _layout.token_at(backend, location) is None
     finally:
         os.unlink(path)
+
+
+def test_another_user_attaching_to_ours_is_told_whose_it_is(backend, nobody):
+    """Our segment (mode 0600), attached by `nobody`: the PermissionError names its owner, not
+    only a path; a sequence buffer as any other. The child drops to `nobody` after Python has
+    started (our interpreter may live where `nobody` cannot run it)."""
+    env = {"obs": {"shape": 2}, "done": {}}
+    with cpprb_ray.PrioritizedReplayBuffer(64, env, backend=backend,
+                                           sequence={"length": 4, "period": 2}) as rb:
+        rb.add(obs=np.ones((6, 2)), done=np.zeros(6))
+        code = textwrap.dedent(f"""
+            import os, cpprb_ray
+            os.setgroups([]); os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid})
+            try:
+                cpprb_ray.attach({rb.name!r})
+            except PermissionError as error:
+                print(error)
+            """)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=child_env(), cwd="/", timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "belongs to root (uid 0), not to this user" in done.stdout, done.stdout
+        assert f"{nobody.pw_name} (uid {nobody.pw_uid})" in done.stdout
+        assert len(rb) == 2                              # two sequences, untouched
 
 
 def test_token_identifies_the_segment(backend):
