@@ -195,7 +195,8 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
             while k >= ring.released + depth or ring.pending_timeout:
                 if ring.stop:
                     return
-                # Waking at k - depth + wake_after sets given back (every one, when full)
+                # Woken once the learner gave back set k - depth + wake_after - 1, i.e. took
+                # the last batch ready (after a TimeoutError: once it saw that)
                 wake_at = NEVER if ring.pending_timeout else k - depth + wake_after
                 ring.wake_at = wake_at
                 if ring.released < wake_at or ring.pending_timeout:
