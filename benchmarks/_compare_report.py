@@ -166,11 +166,24 @@ def shown(text: str) -> str:
 
 def _writers_table(result: Dict[str, Any]) -> str:
     """bench_writers.py's table (one line per library and K) and its target lines."""
-    lines = [bench_writers.table(result.get("summary", []))]
-    skipped = result.get("skipped", {})
-    lines += [""] + [f"- {line}" for line in result.get("verdicts", [])]
-    lines += [f"- skipped: {library}: {why}" for library, why in skipped.items()]
+    return _with_targets(bench_writers.table(result.get("summary", [])), result)
+
+
+def _with_targets(table: str, result: Dict[str, Any]) -> str:
+    """A benchmark's table, then its target lines and the libraries it skipped (other than
+    those its command left out, and their targets)."""
+    lines = [table, ""] + [f"- {line}" for line in result.get("verdicts", [])
+                           if "(not asked for" not in line]
+    lines += [f"- skipped: {library}: {why}" for library, why in result.get("skipped",
+                                                                            {}).items()
+              if "not asked for" not in why]
     return "\n".join(lines)
+
+
+def _sequences_table(result: Dict[str, Any]) -> str:
+    """bench_sequences.py's rows and its target lines (its peers' learner steps, the gathers
+    against their copy floors), and the peers it skipped."""
+    return _with_targets(_frames_table(result), result)
 
 
 def markdown(payload: Dict[str, Any], detail: bool) -> str:
@@ -219,8 +232,10 @@ def markdown(payload: Dict[str, Any], detail: bool) -> str:
                                 ("frames", "Frames (bench_frames.py)", _frames_table),
                                 ("writers", "The learner under many writers (bench_writers.py)",
                                  _writers_table),
-                                ("sequences", "Sequences (bench_sequences.py)",
-                                 _frames_table)):
+                                ("sequences", "Sequences against TorchRL "
+                                 "(bench_sequences.py)", _sequences_table),
+                                ("sequences_reverb", "Sequences against Reverb "
+                                 "(bench_sequences.py)", _sequences_table)):
         record = extras.get(name)
         if record is None:
             continue

@@ -163,13 +163,14 @@ def table_size(client: Any) -> int:
 # The server in a process of its own
 
 
-def serve(capacity: int, seed: int) -> int:
+def serve(capacity: int, seed: int, table: Any = None) -> int:
     """``_reverb.py serve``: a server with the table, filled; prints ``ready PORT`` and serves
-    until its standard input closes (the benchmark that started it exits or closes it)."""
+    until its standard input closes (the benchmark that started it exits or closes it).
+    `table`: another table, served empty (its caller fills it over gRPC)."""
     reverb = import_reverb()
-    server = reverb.Server(tables=[make_table(reverb, capacity)])
-    client = reverb.Client(f"localhost:{server.port}")
-    fill(client, capacity, np.random.default_rng(seed))
+    server = reverb.Server(tables=[make_table(reverb, capacity) if table is None else table])
+    if table is None:
+        fill(reverb.Client(f"localhost:{server.port}"), capacity, np.random.default_rng(seed))
     print(f"ready {server.port}", flush=True)
     sys.stdin.read()  # until EOF
     server.stop()
@@ -177,13 +178,15 @@ def serve(capacity: int, seed: int) -> int:
 
 
 class ServerProcess:
-    """``python benchmarks/_reverb.py serve`` as a child process: ``address`` once filled."""
+    """``python benchmarks/_reverb.py serve`` as a child process: ``address`` once filled.
+    `command`: another server's command line, which says ``ready PORT`` as serve() does."""
 
-    def __init__(self, capacity: int, seed: int, timeout_s: float = 900.0):
+    def __init__(self, capacity: int, seed: int, timeout_s: float = 900.0,
+                 command: Optional[List[str]] = None):
         here = os.path.abspath(__file__)
         self.process = subprocess.Popen(
-            [sys.executable, here, "serve", str(capacity), str(seed)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True)
+            command or [sys.executable, here, "serve", str(capacity), str(seed)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.process.stdout is not None
         deadline = time.monotonic() + timeout_s
         line = ""
@@ -235,9 +238,19 @@ def importance_weights(info: Any, beta: float) -> np.ndarray:
 class ReverbApi:
     """Reverb in one placement, filled to `capacity` (see the module docstring)."""
 
-    def __init__(self, reverb: Any, capacity: int, seed: int, placement: str):
+    def __init__(self, reverb: Any, capacity: int, seed: int, placement: str,
+                 table: Any = None, command: Optional[List[str]] = None):
+        """`table` (in process) or `command` (grpc: the command line of a server process that
+        says ``ready PORT`` as serve() does): a table named TABLE of the caller's, served
+        instead of the transitions' and left empty for the caller to fill through ``client``
+        (bench_sequences.py's sequence items)."""
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}; got {placement!r}")
+        if (table, command)[placement == "inprocess"] is not None:
+            right, wrong = ("table", "command") if placement == "inprocess" else ("command",
+                                                                                 "table")
+            raise ValueError(f"placement {placement!r} serves a table of the caller's through "
+                             f"{right}=, not {wrong}=")
         self.reverb, self.placement = reverb, placement
         self.label = f"Reverb ({placement})"
         self.server: Any = None
@@ -245,15 +258,18 @@ class ReverbApi:
         self._iterators: Dict[int, Any] = {}
         self._writer: Optional[Writer] = None
         if placement == "inprocess":
-            self.server = reverb.Server(tables=[make_table(reverb, capacity)])
+            served = make_table(reverb, capacity) if table is None else table
+            self.server = reverb.Server(tables=[served])
             self.client = self.server.localhost_client()
             self.address = f"localhost:{self.server.port}"
-            fill(self.client, capacity, np.random.default_rng(seed))
+            if table is None:
+                fill(self.client, capacity, np.random.default_rng(seed))
         else:
-            self.child = ServerProcess(capacity, seed)
+            self.child = ServerProcess(capacity, seed, command=command)
             self.address = self.child.address
             self.client = reverb.Client(self.address)
-        assert table_size(self.client) == capacity, "Reverb's table did not fill"
+        if table is None and command is None:
+            assert table_size(self.client) == capacity, "Reverb's table did not fill"
 
     def close(self) -> None:
         """Stop the datasets, the writer and the server."""

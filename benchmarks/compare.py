@@ -39,8 +39,11 @@ Then the workloads of the other benchmarks, through their own commands (short ru
   results.json as they are);
 - the learner under many writers: ``bench_writers.py [--quick] --json FILE``, under
   .venv-reverb's interpreter when there is one (Reverb included), else this one;
-- sequences: ``bench_sequences.py [--quick] --json FILE``, under .venv-torchrl's interpreter
-  when there is one (TorchRL's PrioritizedSliceSampler included), else this one.
+- sequences: ``bench_sequences.py [--quick] --peers torchrl --json FILE``, under
+  .venv-torchrl's interpreter when there is one (TorchRL's PrioritizedSliceSampler beside
+  ours), else this one; and sequences_reverb: ``bench_sequences.py [--quick] --peers reverb
+  reverb_grpc --json FILE`` under .venv-reverb's (Reverb's sequence items beside ours, its
+  server in process and in a process of its own), skipped without it.
 
 With --quick, each section starts only if what it takes (its estimate) fits in what is left of
 the promised time, and is stopped at the promised end; a section not run says why.
@@ -100,10 +103,11 @@ STOP_GRACE_S = 20
 #: 64, torchrl 33, reverb 139, apex 55 s), scaled down, with a margin.
 QUICK_ESTIMATE_S = {"cpprb": 10, "rllib": 12, "tianshou": 45, "torchrl": 28, "reverb": 85,
                     "apex": 40, "multi_node": 45, "frames": 20, "writers": 75,
-                    "sequences": 30}
+                    "sequences": 30, "sequences_reverb": 60}
 
 #: What --sections can name: the groups, then the other benchmarks.
-SECTIONS = tuple(workloads.GROUPS) + ("apex", "multi_node", "frames", "writers")
+SECTIONS = tuple(workloads.GROUPS) + ("apex", "multi_node", "frames", "writers", "sequences",
+                                       "sequences_reverb")
 
 #: The peer groups' venvs (``make bench-peers``), found by discover_pythons().
 PEER_VENVS = ("tianshou", "torchrl", "reverb")
@@ -252,7 +256,8 @@ def extra_commands(quick: bool, work_dir: str, pythons: Dict[str, str]
 
     `pythons`: the groups' interpreters; bench_writers.py runs under the reverb group's, so
     that Reverb is among its libraries where .venv-reverb exists, and bench_sequences.py
-    under the torchrl group's (TorchRL's slice sampler beside ours)."""
+    under the torchrl group's (TorchRL's slice sampler beside ours) and, where it is not this
+    interpreter, the reverb group's (Reverb's sequence items beside ours)."""
     python = sys.executable
     out = []
     apex = os.path.join(HERE, "bench_apex.py")
@@ -274,12 +279,20 @@ def extra_commands(quick: bool, work_dir: str, pythons: Dict[str, str]
         writers_python = python
     out.append(("writers", [writers_python, os.path.join(HERE, "bench_writers.py")] +
                 (["--quick"] if quick else []) + ["--json", path], path, ""))
-    path = os.path.join(work_dir, "sequences.json")
-    sequences_python = pythons.get("torchrl", python)
-    if not os.access(sequences_python, os.X_OK):
-        sequences_python = python
-    out.append(("sequences", [sequences_python, os.path.join(HERE, "bench_sequences.py")] +
-                (["--quick"] if quick else []) + ["--json", path], path, ""))
+    sequences = os.path.join(HERE, "bench_sequences.py")
+    for name, peer, measured in (("sequences", "torchrl", ["torchrl"]),
+                                 ("sequences_reverb", "reverb", ["reverb", "reverb_grpc"])):
+        path = os.path.join(work_dir, f"{name}.json")
+        peer_python = pythons.get(peer, python)
+        if not os.access(peer_python, os.X_OK):
+            peer_python = python
+        command = ([peer_python, sequences] + (["--quick"] if quick else []) +
+                   ["--peers"] + measured + ["--json", path])
+        if peer == "reverb" and peer_python == python:
+            out.append((name, None, path, f"no Reverb interpreter found (--peer-python "
+                                          f"reverb=PATH); {workloads.GET_GROUP[peer]}"))
+        else:
+            out.append((name, command, path, ""))
     return out
 
 
@@ -448,7 +461,8 @@ def main(argv=None) -> int:
             bar.close()
     if args.smoke:
         extra_results = {name: {"skipped": "not run with --smoke"}
-                         for name in ("apex", "multi_node", "frames", "writers", "sequences")}
+                         for name in ("apex", "multi_node", "frames", "writers", "sequences",
+                                      "sequences_reverb")}
     info["wall_s"] = time.perf_counter() - started
     info["load_average_after"] = os.getloadavg()
     payload = {"info": info, "groups": groups, "skipped": skipped,

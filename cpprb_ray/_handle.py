@@ -214,7 +214,9 @@ class Handle:
         The file is written beside `file`,
         fsynced and renamed over it: a save killed at any moment leaves the previous file whole.
         Not saved: steps this handle staged for N-step returns (call :meth:`on_episode_end`
-        first to commit them) and the sampler's state (seeds are per handle).
+        first to commit them) and the sampler's state (seeds are per handle); a sequence
+        buffer's open sequences are saved open and stay open (never sampled) in the loaded
+        buffer, which has no writers to finish them (:meth:`on_episode_end` commits them).
 
         Examples
         --------

@@ -9,6 +9,7 @@ from typing_extensions import final
 from cpprb_ray._store import ReplayStore
 
 MAX_LENGTH: int
+OPEN_LINK: int
 
 @final
 class Stream:

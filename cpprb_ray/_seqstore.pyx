@@ -16,8 +16,8 @@ from cpprb_ray._core cimport StoreView, store_draw
 from cpprb_ray._limiter cimport SIDE_INSERT, SIDE_NONE, SIDE_SAMPLE
 from cpprb_ray._outputs cimport OutputCall, SampleOutputs
 from cpprb_ray._rules cimport as_timeout, bytes_of
-from cpprb_ray._sequences cimport (SeqAdd, SeqStream, seq_add, seq_bind, seq_commits,
-                                   seq_gather, seq_live)
+from cpprb_ray._sequences cimport (SEQ_OPEN, SeqAdd, SeqStream, seq_add, seq_bind,
+                                   seq_commits, seq_gather, seq_live)
 from cpprb_ray._segtree cimport Xoshiro256
 from cpprb_ray._store cimport ReplayStore
 
@@ -26,6 +26,7 @@ import numpy as np
 from cpprb_ray import _rules
 
 MAX_LENGTH = 1 << 30    # steps per sequence (a link is an int32)
+OPEN_LINK = SEQ_OPEN    # a start's link while its sequence is open (checkpoints check links)
 
 
 cdef enum:

@@ -9,10 +9,13 @@ The file (docs/checkpoints.md)::
     ...  payload: the sections the description lists, each at a 64-byte aligned offset from the
          payload's start: version 1 (a plain ring's buffer) "rows" (the stored slots' records),
          "tail_generations", "leaves"; version 2 (a laned buffer: its description has "lanes")
-         "rows" (every slot's record), "leaves" (every slot's), "lanes" (the lane table)
+         "rows" (every slot's record), "leaves" (every slot's), "lanes" (the lane table);
+         version 3 (a sequence buffer: "lanes" and "sequence") the sections of version 2
 
 A plain buffer's file is written as version 1, which every reader loads; only a laned buffer's
-is version 2, which a reader of version 1 refuses by its version.
+is version 2, which a reader of version 1 refuses by its version, and only a sequence buffer's
+version 3, which readers of versions 1 and 2 refuse by its version (a reader of version 2 would
+otherwise take it for a laned buffer of steps).
 
 A save writes a temporary file in the target's directory, fsyncs it, renames it over the target
 and fsyncs the directory, so a save killed at any moment leaves the previous checkpoint whole.
@@ -44,6 +47,7 @@ from cpprb_ray import (
     _segment,
     nstep,
     rate_limiters,
+    sequences,
 )
 from cpprb_ray._atomic import remove_stale_temporaries, write_atomically
 
@@ -51,10 +55,11 @@ __all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "remove_stale_tempora
            "write_file"]
 
 MAGIC = b"CPPRBCKP"
-FORMAT_VERSION = 2                         # the newest version this cpprb_ray reads
+FORMAT_VERSION = 3                         # the newest version this cpprb_ray reads
 _RING_VERSION = 1                          # a plain ring's buffer
 _LANED_VERSION = 2                         # a laned buffer (lanes, next_of, stack_compress)
-_READABLE = (_RING_VERSION, _LANED_VERSION)
+_SEQUENCE_VERSION = 3                      # a sequence buffer (sequence=; laned)
+_READABLE = (_RING_VERSION, _LANED_VERSION, _SEQUENCE_VERSION)
 _PREFIX = struct.Struct("<8sIIQQII20sI")   # see the module docstring; 64 bytes
 _ALIGN = 64
 _CRC_CHUNK = 1 << 30                       # zlib.crc32 takes at most 4 GiB at once on some builds
@@ -197,7 +202,7 @@ def open_for_writing(path: str) -> Any:
 def write_file(file: Any, description: Mapping[str, Any],
                sections: Sequence[Tuple[str, Any]], version: int = _RING_VERSION) -> None:
     """Write `description` (JSON-able) and `sections` (name, bytes-like) to `file`, atomically,
-    as format `version` (1, or 2 for a laned buffer's).
+    as format `version` (1, 2 for a laned buffer's, 3 for a sequence buffer's).
 
     The description gains a "sections" entry: ``{name: [offset, length]}`` within the payload.
     A temporary file in the same directory is written, fsynced and renamed over `file`, and the
@@ -390,7 +395,8 @@ def _read_into(handle: Any, view: memoryview) -> int:
 
 # Features that record their configuration in the layout's meta and that a load restores.
 _LANES = "lanes"        # a laned buffer's config (cpprb_ray.frames.LaneConfig.to_meta)
-_RESTORED_FEATURES = (nstep.META_KEY, _LANES)
+_SEQUENCE = "sequence"  # a sequence buffer's (cpprb_ray.sequences.SequenceConfig.to_meta)
+_RESTORED_FEATURES = (nstep.META_KEY, _LANES, _SEQUENCE)
 
 
 def _record_marks(rows: Any, capacity: int, stride: int,
@@ -438,12 +444,18 @@ def save(buffer: Any, file: Any) -> None:
         raise ValueError(f"cannot checkpoint this buffer: it uses {unknown}, which this "
                          f"cpprb_ray's checkpoints do not record")
     laned = _LANES in layout.meta
+    sequence = layout.meta.get(_SEQUENCE)
     sections: List[Tuple[str, Any]]
     if laned:
         # Every record, every leaf and the lane table (owners cleared); the stored size is the
-        # rows the records hold (staged N-step rows are not rows yet).
+        # rows the records hold (staged N-step rows are not rows yet), in a sequence buffer the
+        # committed sequences (open ones are not sequences yet).
         header, rows, leaves, lanes = buffer._image.dump()
-        stored = int(_live_rows(rows, layout.capacity, layout.row_stride).sum())
+        generations, links, _ = _record_marks(rows, layout.capacity, layout.row_stride)
+        live = (_live_rows(rows, layout.capacity, layout.row_stride) if sequence is None
+                else (links >= 1) & (generations & 1 == 0))
+        stored = int(live.sum())
+        opened = int((links == sequences.OPEN_LINK).sum())
         sections = [("rows", rows), ("leaves", leaves), ("lanes", lanes)]
     else:
         header, rows, tail, leaves = buffer._image.dump()
@@ -471,11 +483,19 @@ def save(buffer: Any, file: Any) -> None:
             for key in ("kind", "samples_per_insert", "min_size_to_sample", "min_diff",
                         "max_diff", "inserts", "samples")},
     }
+    version = _RING_VERSION
     if laned:
         description[_LANES] = layout.meta[_LANES]
         # What a bounded lane numbers its rows by (cpprb's indexes), with or without a limiter.
         description["state"]["rows_since_clear"] = header["rows_since_clear"]
-    write_file(path, description, sections, _LANED_VERSION if laned else _RING_VERSION)
+        version = _LANED_VERSION
+    if sequence is not None:
+        # Its config; and the sequences open at the save (their starts' links say so), which
+        # the copy keeps open: no writer of the copy continues their episodes.
+        description[_SEQUENCE] = sequence
+        description["state"]["open_sequences"] = opened
+        version = _SEQUENCE_VERSION
+    write_file(path, description, sections, version)
 
 
 class _Checkpoint:
@@ -553,9 +573,17 @@ class _Checkpoint:
         if (self.lane_meta is None) != (version == _RING_VERSION):
             raise ValueError(f"format version {version} " + (
                 "without a lane section" if self.lane_meta is None else "with a lane section"))
-        # The constructor's arguments: a laned buffer's lanes, next_of and stack_compress, and
-        # the size it was given (a bounded frame lane keeps that many rows in more slots).
+        self.sequence_meta: Any = description.get(_SEQUENCE)
+        if (self.sequence_meta is None) == (version == _SEQUENCE_VERSION):
+            raise ValueError(f"format version {version} " + (
+                "without a sequence section" if self.sequence_meta is None
+                else "with a sequence section"))
+        # The constructor's arguments: a laned buffer's lanes, next_of and stack_compress (a
+        # sequence buffer's lanes and sequence), and the size it was given (a bounded frame
+        # lane keeps that many rows in more slots).
         self.lane_options = {} if self.lane_meta is None else _lane_options(self.lane_meta)
+        if self.sequence_meta is not None:
+            self.lane_options[_SEQUENCE] = dict(self.sequence_meta)
         self.size = self.capacity
         if self.lane_meta is not None and self.lane_meta["rows"]:
             self.size = _integer(self.lane_meta["rows"], "lanes rows")
@@ -565,6 +593,11 @@ class _Checkpoint:
         # of its capacity is made.
         planned, _, _ = _parts.plan_layout(self.size, self.env_dict, self.prioritized, "shm",
                                            self.nstep, **self.lane_options)
+        self.sequence = sequences.SequenceConfig.from_meta(planned.meta, "the file's layout")
+        if (self.sequence is not None
+                and json.loads(json.dumps(planned.meta[_SEQUENCE])) != self.sequence_meta):
+            raise ValueError(f"sequence {self.sequence_meta} is not a config this cpprb_ray "
+                             f"writes (length, period and eta)")
         self.columns = description["columns"]
         if [column["name"] for column in self.columns] != [c.name for c in planned.columns]:
             raise ValueError("its columns are not those of its env_dict")
@@ -602,6 +635,8 @@ class _Checkpoint:
         if self.lane_meta is not None:
             self._parse_since_clear(state)
             self._check_lane_lengths(lengths)
+            if self.sequence is not None:
+                self.open_sequences = _integer(state["open_sequences"], "open_sequences")
             return
         if self.row_stride < 8 or lengths["rows"] != self.stored_size * self.row_stride:
             raise ValueError(f"{lengths['rows']} bytes of rows for {self.stored_size} rows of "
@@ -724,22 +759,19 @@ class _Checkpoint:
             raise ValueError(f"lane {lane}: head {int(table[lane, 3])} and fill "
                              f"{int(table[lane, 4])} do not fit its {int(sizes[lane])} slots")
         generations, links, aheads = _record_marks(self.rows, capacity, self.row_stride)
-        stack_max = max([_integer(entry["stack"], "stack") for entry in self.lane_meta["frames"]]
-                        + [1])
-        bad = np.flatnonzero((links < -2) | (links > stack_max))
-        if bad.size:
-            raise ValueError(f"slot {int(bad[0])}'s link is {int(links[bad[0]])}, which no "
-                             f"write leaves (stacks of {stack_max})")
-        lane_of = np.searchsorted(starts, np.arange(capacity), side="right") - 1
-        bad = np.flatnonzero((links >= 1) & (aheads != -1) & (
-            (aheads < 0) | (aheads > sizes[lane_of] // 2)))
-        if bad.size:
-            raise ValueError(f"slot {int(bad[0])}'s next stack is {int(aheads[bad[0]])} slots "
-                             f"ahead, which no write leaves")
-        live = _live(generations, links, aheads)
+        if self.sequence is not None:
+            live = sequences.check_image(generations, links, aheads, starts, table[:, 3],
+                                         table[:, 4], self.sequence.length)
+            opened = int((links == sequences.OPEN_LINK).sum())
+            if opened != self.open_sequences:
+                raise ValueError(f"{opened} open sequences in its slots, its state says "
+                                 f"{self.open_sequences}")
+        else:
+            live = self._frame_rows(generations, links, aheads, starts, sizes)
         if int(live.sum()) != self.stored_size:
-            raise ValueError(f"{int(live.sum())} rows in its slots, its state says "
-                             f"{self.stored_size}")
+            raise ValueError(f"{int(live.sum())} " + (
+                "rows" if self.sequence is None else "committed sequences")
+                + f" in its slots, its state says {self.stored_size}")
         leaves = self.leaves
         unset = (leaves == 0.0) & np.signbit(leaves)
         valid = np.where(live, np.isfinite(leaves) & ((leaves > 0.0) | unset), unset)
@@ -755,6 +787,24 @@ class _Checkpoint:
                              f"{heaviest:.3g} that keeps the total of {self.capacity} slots "
                              f"finite")
 
+    def _frame_rows(self, generations: np.ndarray, links: np.ndarray, aheads: np.ndarray,
+                    starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Which slots of a laned (not sequence) buffer hold a row; ValueError for a link or a
+        next stack that no write leaves."""
+        stack_max = max([_integer(entry["stack"], "stack") for entry in self.lane_meta["frames"]]
+                        + [1])
+        bad = np.flatnonzero((links < -2) | (links > stack_max))
+        if bad.size:
+            raise ValueError(f"slot {int(bad[0])}'s link is {int(links[bad[0]])}, which no "
+                             f"write leaves (stacks of {stack_max})")
+        lane_of = np.searchsorted(starts, np.arange(self.capacity), side="right") - 1
+        bad = np.flatnonzero((links >= 1) & (aheads != -1) & (
+            (aheads < 0) | (aheads > sizes[lane_of] // 2)))
+        if bad.size:
+            raise ValueError(f"slot {int(bad[0])}'s next stack is {int(aheads[bad[0]])} slots "
+                             f"ahead, which no write leaves")
+        return _live(generations, links, aheads)
+
     def restore_into(self, buffer: Any) -> None:
         """Replace `buffer`'s state (a new buffer of this file's layout) by this file's."""
         if self.lane_meta is not None:
@@ -769,7 +819,8 @@ class _Checkpoint:
         # the file's too, as the capacity its size gives.
         return (layout.row_stride == self.row_stride and layout.capacity == self.capacity
                 and [column.to_json() for column in layout.columns] == self.columns
-                and json.loads(json.dumps(layout.meta.get(_LANES))) == self.lane_meta)
+                and json.loads(json.dumps(layout.meta.get(_LANES))) == self.lane_meta
+                and json.loads(json.dumps(layout.meta.get(_SEQUENCE))) == self.sequence_meta)
 
 
 def _lane_options(lanes: Mapping[str, Any]) -> Dict[str, Any]:

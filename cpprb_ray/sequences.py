@@ -37,10 +37,14 @@ import numpy as np
 
 from cpprb_ray import _rules, frames
 from cpprb_ray._layout import Column
-from cpprb_ray._seqstore import MAX_LENGTH, SequenceStore
+from cpprb_ray._seqstore import MAX_LENGTH, OPEN_LINK, SequenceStore
 
 DONE = "done"      # the column whose nonzero value ends an episode
 MASK = "mask"      # sample()'s output: True on a sequence's real steps
+# A start's link (_sequences.pyx): OPEN_LINK while its sequence is open, its real steps (1 to
+# length) once committed; a step that starts none: LINK_NONE (never written) or LINK_DEAD.
+LINK_NONE = 0
+LINK_DEAD = -2
 
 
 class SequenceConfig:
@@ -127,6 +131,74 @@ class SequenceConfig:
 
     def as_dict(self) -> Dict[str, Any]:
         return {"length": self.length, "period": self.period, "eta": self.eta}
+
+
+def check_image(generations: np.ndarray, links: np.ndarray, aheads: np.ndarray,
+                lane_starts: np.ndarray, heads: np.ndarray, filled: np.ndarray,
+                length: int) -> np.ndarray:
+    """Which slots of a sequence buffer's image (a checkpoint's records and lane table, the lanes
+    checked to fit already) start a committed sequence; ValueError saying what no write leaves:
+    a link that is not a start's (open, or 1 to `length` real steps) nor a dead or unwritten
+    step's, a second link (which the sequence part never sets), an open start on a slot that is
+    torn or unwritten, a committed sequence that reaches past its lane's head (its steps are
+    written in order before it) or over a torn step (a repair kills those). `lane_starts`: each
+    lane's first slot and, last, the capacity; `heads`, `filled`: each lane's.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> generations = np.array([2, 2, 2, 0], dtype=np.uint64)     # one lane of 4 slots
+    >>> links = np.array([3, LINK_DEAD, OPEN_LINK, LINK_NONE], dtype=np.int32)
+    >>> args = (np.zeros(4, np.int32), np.array([0, 4]), np.array([3]), np.array([3]))
+    >>> check_image(generations, links, *args, 4).tolist()
+    [True, False, False, False]
+    >>> check_image(generations, np.array([4, -2, -3, 0], dtype=np.int32), *args, 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: slot 0's sequence of 4 steps reaches past its lane's head (its lane's slot 3, \
+3 of its 4 slots written)
+    """
+    capacity = len(links)
+    bad = np.flatnonzero(~(np.isin(links, (LINK_NONE, LINK_DEAD, OPEN_LINK))
+                           | ((links >= 1) & (links <= length))))
+    if bad.size:
+        raise ValueError(f"slot {int(bad[0])}'s link is {int(links[bad[0]])}, which no write of "
+                         f"sequences of {length} steps leaves")
+    bad = np.flatnonzero(aheads != 0)
+    if bad.size:
+        raise ValueError(f"slot {int(bad[0])}'s second link is {int(aheads[bad[0]])}; a "
+                         f"sequence buffer never sets it")
+    torn = (generations & 1).astype(bool)
+    sizes = np.diff(lane_starts)
+    lane_of = np.repeat(np.arange(len(sizes)), sizes)
+    size = sizes[lane_of]
+    rel = np.arange(capacity) - lane_starts[lane_of]
+    # How many slots from this one on, up to its lane's head, are written: a start's steps are.
+    ahead = (heads.astype(np.int64)[lane_of] - rel) % size
+    ahead = np.where(ahead == 0, size, ahead)
+    written = ahead <= filled.astype(np.int64)[lane_of]
+    bad = np.flatnonzero((links == OPEN_LINK) & (torn | ~written))
+    if bad.size:
+        raise ValueError(f"slot {int(bad[0])} opens a sequence, but it is "
+                         + ("torn" if torn[bad[0]] else "not written"))
+    live = (links >= 1) & ~torn
+    bad = np.flatnonzero(live & ((links > ahead) | ~written))
+    if bad.size:
+        slot = int(bad[0])
+        lane = int(lane_of[slot])
+        raise ValueError(f"slot {slot}'s sequence of {int(links[slot])} steps reaches past its "
+                         f"lane's head (its lane's slot {int(heads[lane])}, {int(filled[lane])} "
+                         f"of its {int(sizes[lane])} slots written)")
+    for lane in np.unique(lane_of[live]):
+        first, count = int(lane_starts[lane]), int(sizes[lane])
+        starts = np.flatnonzero(live[first:first + count])
+        # Torn steps among each sequence's, around the lane's ring: sums over it twice.
+        twice = np.concatenate((torn[first:first + count], torn[first:first + count]))
+        before = np.concatenate(([0], np.cumsum(twice)))
+        hit = np.flatnonzero(before[starts + links[first + starts]] > before[starts])
+        if hit.size:
+            raise ValueError(f"slot {first + int(starts[hit[0]])}'s sequence has a torn step")
+    return live
 
 
 def sequence_priority(abs_td: Any, mask: Any = None, eta: float = 0.9) -> np.ndarray:

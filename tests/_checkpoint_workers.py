@@ -1,13 +1,15 @@
 """Children of tests/test_checkpoint*.py (multiprocessing targets, imported by name).
 
-Every row derives from one serial number (``_workers.rows_of``), or in a framed buffer from its
-act (``_frame_streams``), so what a loaded checkpoint holds is checked from its contents alone.
+Every row derives from one serial number (``_workers.rows_of``), in a framed buffer from its
+act (``_frame_streams``), in a sequence buffer from its (stream, episode, step)
+(``_sequence_streams``), so what a loaded checkpoint holds is checked from its contents alone.
 """
 
 from __future__ import annotations
 
 import signal
 
+import _sequence_streams
 import numpy as np
 from _frame_streams import Stream
 from _workers import ENV, rows
@@ -89,5 +91,29 @@ def add_stream_forever(rb, stream: int, seed: int, ready, pad: int = 0) -> None:
         if pad:
             batch["pad"] = np.repeat((batch["act"] % 1000).astype(np.float32)[:, None], pad, 1)
         rb.add(priorities=priorities, **batch)
+        if count == 0:
+            ready.set()
+
+
+def sequence_adds(stream: int):
+    """The adds a sequence writer of tests/test_checkpoint_sequences.py makes, in order, for
+    ever: (values, priorities, whether on_episode_end follows, [(episode, t)] of its steps) of
+    _sequence_streams.Stream(stream); the parent replays it to tell where each add ended."""
+    source = _sequence_streams.Stream(stream, _sequence_streams.seed_of_stream(stream))
+    random = np.random.default_rng(stream)
+    for values, truncated, names in source.chunks():
+        yield values, random.random(len(names)) + 0.1, truncated, names
+
+
+def add_sequences_forever(rb, stream: int, ready, pad: int) -> None:
+    """Add `stream`'s steps to `rb` (a sequence buffer: this handle takes a lane) until killed,
+    with a column "pad" of `pad` floats (each the step's obs[3]); `ready` is set after the
+    first add."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for count, (values, priorities, truncated, _) in enumerate(sequence_adds(stream)):
+        values["pad"] = np.repeat(values["obs"][:, 3:4], pad, 1)
+        rb.add(priorities=priorities, **values)
+        if truncated:
+            rb.on_episode_end()
         if count == 0:
             ready.set()

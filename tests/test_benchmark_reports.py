@@ -13,7 +13,14 @@ import sys
 
 import pytest
 
-from benchmarks import bench_apex, bench_buffer, bench_segtree, bench_writers
+from benchmarks import (
+    _compare_report,
+    bench_apex,
+    bench_buffer,
+    bench_segtree,
+    bench_sequences,
+    bench_writers,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -318,3 +325,92 @@ def test_writers_paired_control_says_what_the_lock_costs():
                         "1.50x (p50) and 1.50x (p99) a step on an untouched buffer at the same "
                         "moments")
     assert "| 30 | 90 | 20 / 60 |" in bench_writers.table(summary)
+
+
+def sequence_rows(torchrl: tuple, reverb: tuple) -> list:
+    """Learner-step rows: ours 10 µs median, 8 µs min, call by call and in a row; TorchRL's
+    call by call and Reverb's in a row (what each is judged on): (median, min) as given; Reverb
+    over gRPC 4 times its in-process figures."""
+    rows = [{"library": "cpprb_ray", "operation": operation, "median_us": 10.0, "min_us": 8.0,
+             "max_us": 30.0} for operation in ("learner step", bench_sequences.IN_A_ROW)]
+    grpc = (4 * reverb[0], 4 * reverb[1])
+    for library, (median, minimum), operation in (
+            ("torchrl", torchrl, "learner step"), ("reverb", reverb, bench_sequences.IN_A_ROW),
+            ("reverb_grpc", grpc, bench_sequences.IN_A_ROW)):
+        rows.append({"library": library, "operation": operation, "median_us": median,
+                     "min_us": minimum, "max_us": 2 * median})
+    return rows
+
+
+@pytest.mark.parametrize("reverb, verdict", [
+    ((600.0, 480.0), "met (60.0x; 60.0x of the minima)"),
+    ((400.0, 320.0), "NOT met (40.0x; 40.0x of the minima)"),
+    ((600.0, 320.0), UNSETTLED + " (60.0x; 40.0x of the minima)")])
+def test_sequences_learner_step_verdicts_against_each_peer(reverb, verdict):
+    lines = bench_sequences.summary(sequence_rows((150.0, 120.0), reverb), [], {})
+    assert lines[:2] == ["target learner step >= 10x TorchRL: met (15.0x; 15.0x of the minima)",
+                         f"target learner step, in a row >= 50x Reverb (in process): {verdict}"]
+    assert lines[2].startswith("target learner step, in a row >= 50x Reverb (gRPC): ")
+
+
+def test_sequences_a_peer_not_run_is_said_so_not_judged():
+    rows = sequence_rows((150.0, 120.0), (1.0, 1.0))[:3]
+    lines = bench_sequences.summary(rows, [], {"reverb": "not asked for (--peers)"})
+    assert lines[1] == ("target learner step, in a row >= 50x Reverb (in process): not measured "
+                        "(not asked for (--peers))")
+    assert lines[2] == "target learner step, in a row >= 50x Reverb (gRPC): not measured (not run)"
+
+
+def test_sequences_gather_is_judged_by_its_per_round_ratios_to_its_floor():
+    # Per round: 2.0, 1.0, 1.2, 1.4, 1.2 (one slow gather in round 0); minima 1.2 / 1.0.
+    times = {"sample(64)": [4.0, 1.2, 1.2, 1.4, 1.2], "copy floor, new array": [2.0, 1.2, 1.0,
+                                                                                 1.0, 1.0]}
+    pair = dict(bench_sequences.paired(times, "sample(64)", "copy floor, new array"),
+                mapping="mapping warm")
+    assert pair["median"] == pytest.approx(1.2) and pair["minima"] == pytest.approx(1.2)
+    assert pair["blocks"] == pytest.approx([2.0, 1.0, 1.2, 1.4, 1.2]) and pair["rounds"] == 5
+    lines = bench_sequences.summary([], [pair], {})
+    assert lines[3].startswith("target sample(64) within 1.5x of its copy floor (copy floor, "
+                               "new array), mapping warm: met (1.20x, quartiles ")
+    slow = dict(pair, minima=1.6)
+    assert "unsettled" in bench_sequences.summary([], [slow], {})[3]
+
+
+def test_sequences_report_shows_rows_targets_and_real_skips():
+    result = {"rows": sequence_rows((150.0, 120.0), (600.0, 480.0)),
+              "verdicts": ["target learner step, in a row >= 50x Reverb (in process): met "
+                           "(60.0x; 60.0x of the minima)",
+                           "target learner step >= 10x TorchRL: not measured (not asked for "
+                           "(--peers))"],
+              "skipped": {"torchrl": "not asked for (--peers)", "reverb": "not importable"}}
+    text = _compare_report._sequences_table(result)
+    assert "| reverb |  | learner step, in a row | 600.00 | 480.00 | 1200.00 |" in text
+    assert "- target learner step, in a row >= 50x Reverb (in process): met" in text
+    assert "- skipped: reverb: not importable" in text and "TorchRL" not in text
+    assert "torchrl" not in text.split("| reverb")[-1]
+
+
+def test_sequences_runs_ours_alone_and_writes_its_rows(tmp_path):
+    """A real, tiny run (2^12 steps, 20 rounds): every row, the gathers (the learner's mapping
+    cold, then warm) and the targets."""
+    out = tmp_path / "sequences.json"
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "bench_sequences.py"), "--quick",
+         "--size", "4096", "--peers", "none", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    payload = json.loads(out.read_text())
+    operations = {(row["library"], row["operation"]) for row in payload["rows"]}
+    gathers = {("cpprb_ray", "sample(64)"), ("cpprb_ray", "sample(64, out=)"),
+               ("numpy", "copy floor, new array"), ("numpy", "copy floor, into an array")}
+    warm = {(library, f"{name}, mapping warm") for library, name in gathers}
+    assert operations == gathers | warm | {("cpprb_ray", "learner step"),
+                                           ("numpy", "copy floor, warm")}
+    assert [(pair["gather"], pair["mapping"], pair["rounds"]) for pair in payload["gathers"]] == [
+        ("sample(64)", "mapping cold", 20), ("sample(64, out=)", "mapping cold", 20),
+        ("sample(64)", "mapping warm", 20), ("sample(64, out=)", "mapping warm", 20)]
+    assert payload["verdicts"][0].startswith("target learner step >= 10x TorchRL: not measured")
+    # 64 x 120 steps of 2,320 bytes (obs 256, core 2,048, act 8, rew 4, done 4) and the mask;
+    # 20 bytes a sequence: its index, weight and generation.
+    assert payload["floor"]["bytes"] == 64 * (120 * (2320 + 1) + 20)
+    assert payload["memory"]["steps"] == 4096

@@ -169,42 +169,53 @@ def add_ends(stream: int, seed: int, last_act: int):
         assert len(acts) < 10**7
 
 
+def saves_during_writes(rb, target, arguments, folder) -> list:
+    """The checkpoint files of `rb` saved into `folder` while spawned writers add: one process
+    per entry of `arguments` (of its `ready` event, which it sets after its first add: target's
+    arguments), killed after the saves. Six saves, more (40 at most) until one met a write (on a
+    quiet machine a dump can run between two adds: a copy that never re-copied checks nothing of
+    the last hold). Asserts that `rb`'s records take several chunks and that each dump took
+    them in several holds."""
+    assert rb._layout.capacity * rb._layout.row_stride > 3 * (4 << 20)
+    ctx = multiprocessing.get_context("spawn")
+    readies = [ctx.Event() for _ in arguments]
+    writers = [ctx.Process(target=target, args=arguments_of(ready))
+               for arguments_of, ready in zip(arguments, readies)]
+    for writer in writers:
+        writer.start()
+    files, recopied, holds = [], 0, []
+    try:
+        assert all(ready.wait(TIMEOUT) for ready in readies), "a writer never added"
+        for k in range(40):
+            if k >= 6 and recopied > 0:
+                break
+            time.sleep(0.05)
+            files.append(folder / f"rb{k}.ckpt")
+            rb.save(files[-1])
+            header = rb._image.dump()[0]
+            recopied += header["recopied"]
+            holds.append(header["lock_holds"])
+    finally:
+        for writer in writers:
+            writer.kill()
+            writer.join(TIMEOUT)
+    assert min(holds) >= 5, holds     # 4 chunks at least, and the last hold
+    assert recopied > 0, "no record moved while a dump copied them"
+    return files
+
+
 def test_save_while_writer_processes_add_into_lanes(tmp_path):
     """Two spawned writers add their streams into their lanes while the parent saves: the
     records are copied in chunks of 4 MiB between their adds, and the last hold copies again
     those that moved. Every loaded copy holds exact rows only, and each stream's rows are a run
     of its transitions that ends where one of its adds ended."""
     env = dict(streams.ENV, pad={"shape": (PAD,), "dtype": np.float32})
-    ctx = multiprocessing.get_context("spawn")
     seeds = {0: 100, 1: 101}
     with make(PrioritizedReplayBuffer, 4096, env=env, lanes=2) as rb:
-        assert rb._layout.capacity * rb._layout.row_stride > 3 * (4 << 20)
-        readies = [ctx.Event() for _ in seeds]
-        writers = [ctx.Process(target=_checkpoint_workers.add_stream_forever,
-                               args=(rb, stream, seed, ready, PAD))
-                   for (stream, seed), ready in zip(seeds.items(), readies)]
-        for writer in writers:
-            writer.start()
-        files, recopied, holds = [], 0, []
-        try:
-            assert all(ready.wait(TIMEOUT) for ready in readies), "a writer never added"
-            # Six saves, more where none of them met a write (on a quiet machine a dump can run
-            # between two adds): a copy that never re-copied checks nothing of the last hold.
-            for k in range(40):
-                if k >= 6 and recopied > 0:
-                    break
-                time.sleep(0.05)
-                files.append(tmp_path / f"rb{k}.ckpt")
-                rb.save(files[-1])
-                header = rb._image.dump()[0]
-                recopied += header["recopied"]
-                holds.append(header["lock_holds"])
-        finally:
-            for writer in writers:
-                writer.kill()
-                writer.join(TIMEOUT)
-        assert min(holds) >= 5, holds     # 4 chunks at least, and the last hold
-        assert recopied > 0, "no record moved while a dump copied them"
+        files = saves_during_writes(
+            rb, _checkpoint_workers.add_stream_forever,
+            [lambda ready, s=stream, seed=seed: (rb, s, seed, ready, PAD)
+             for stream, seed in seeds.items()], tmp_path)
         states = set()
         for file in files:
             assert struct.unpack_from("<I", file.read_bytes(), 8) == (2,)   # a laned file
@@ -350,8 +361,12 @@ def _version(version: int):
 def test_crafted_lane_sections_are_refused(laned, change, match):
     """Behind valid checksums: every lane section and record a write never leaves is refused,
     naming the file, and no segment is left behind (the autouse fixture)."""
-    file = laned
+    assert_refused_after(laned, change, match)
 
+
+def assert_refused_after(file, change, match: str) -> None:
+    """`file` rewritten with valid checksums after `change(description, sections)` (the format
+    version stays unless the change sets one): its load is refused, naming the file."""
     def changed(description, sections):
         version = description.pop("format_version", None)
         change(description, sections)

@@ -91,7 +91,7 @@ def test_missing_peers_are_skipped_with_a_reason(smoke_run):
         import cpprb  # noqa: F401
     except ImportError:
         assert "not importable" in payload["groups"]["cpprb"]["skipped"]["cpprb"]
-    for name in ("apex", "multi_node", "frames", "writers", "sequences"):
+    for name in ("apex", "multi_node", "frames", "writers", "sequences", "sequences_reverb"):
         assert payload["extras"][name] == {"skipped": "not run with --smoke"}
     # Each skip says how to get what is missing.
     assert "make bench-peers" in reason
@@ -140,3 +140,28 @@ def test_quick_budget_skips_a_section_that_does_not_fit_and_says_why(monkeypatch
     assert compare.Budget(quick=False, started=0.0).why_not("reverb") == ""
     assert compare.Budget(quick=False, started=0.0, sections=["cpprb"]).why_not(
         "reverb") == "not asked for (--sections)"
+
+
+def test_sequences_run_against_each_peer_in_its_interpreter(tmp_path):
+    """bench_sequences.py once under the torchrl group's interpreter (--peers torchrl) and once
+    under the reverb group's (--peers reverb reverb_grpc); without a Reverb interpreter, that
+    one is skipped with how to get it."""
+    from benchmarks import compare
+
+    torchrl = str(tmp_path / "torchrl-python")
+    reverb = str(tmp_path / "reverb-python")
+    for path in (torchrl, reverb):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("#!/bin/sh\n")
+        os.chmod(path, 0o755)
+    commands = {name: (command, why) for name, command, _, why in compare.extra_commands(
+        True, str(tmp_path), {"torchrl": torchrl, "reverb": reverb})}
+    assert commands["sequences"][0][0] == torchrl
+    assert commands["sequences"][0][-4:-2] == ["--peers", "torchrl"]
+    assert commands["sequences_reverb"][0][0] == reverb
+    assert commands["sequences_reverb"][0][-5:-2] == ["--peers", "reverb", "reverb_grpc"]
+    assert "--quick" in commands["sequences_reverb"][0]
+    without = {name: (command, why) for name, command, _, why in compare.extra_commands(
+        False, str(tmp_path), {"torchrl": torchrl})}
+    command, why = without["sequences_reverb"]
+    assert command is None and "make bench-peers" in why and ".venv-reverb" in why
