@@ -1,16 +1,18 @@
 """A learner's wait for its batch, with and without ``rb.prefetch`` (docs/learner.md).
 
     python benchmarks/bench_prefetch.py [--quick] [--steps N] [--json FILE]
+    python benchmarks/bench_prefetch.py --only-threads --threads torch [--steps N]
 
 A learner loop: take a batch (``sample(..., out=)`` into one preallocated set, or ``next()`` of
-``rb.prefetch(batch, depth=2)``), a network step simulated by T microseconds of GIL-releasing
-numpy work (``np.sin`` over a float64 array sized for T: a core kept busy, as a network's
-forward and backward pass would), then ``update_priorities`` of the batch. For each workload
-the sample time S is measured first (median of ``sample(out=)``), then T = 0.5 S, 1 S and 2 S
-are run, without and with prefetch, each for `--steps` steps. Reported: the learner-visible
-wait per step (the time from asking for the batch to having it: ``sample(out=)`` without
-prefetch, ``next()`` with it; median and mean over the steps), the median's ratio to S, and
-steps per second.
+``rb.prefetch(batch, depth=D)`` for each D of ``--depths``, 2 and 4 by default), a network
+step simulated by T microseconds of GIL-releasing numpy work (``np.sin`` over a float64 array
+sized for T: a core kept busy, as a network's forward and backward pass would), then
+``update_priorities`` of the batch. For each workload the sample time S is measured first
+(median of ``sample(out=)``), then T = 0.5 S, 1 S and 2 S are run, without prefetch and with
+it at each depth (interleaved), each for `--steps` steps. Reported: the learner-visible wait
+per step (the time from asking for the batch to having it: ``sample(out=)`` without prefetch,
+``next()`` with it; median and mean over the steps), the median's ratio to S, and steps per
+second.
 
 Workloads:
 
@@ -23,17 +25,19 @@ Workloads:
   the ratio of samples to inserts at the end, and whether the limiter's diff stayed in its
   window (it does exactly: the thread's samples are admitted under the lock like any other).
 
-- threads: a learner whose step is a float32 matmul through numpy's BLAS (192 x 192, as a
-  network's layers through torch's intra-op threads), with 2 BLAS threads and with 1
-  (``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``, each run a process of its own): the median
-  sample(256) at 2^16 rows timed between steps, and steps per second without and with
-  prefetch.
+- threads: a learner whose step is a float32 192 x 192 matmul through numpy's BLAS or
+  (``--threads torch``) through torch's intra-op threads, as a network's layers would be,
+  with 2 math threads and with 1 (``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``, and
+  ``torch.set_num_threads``; each run a process of its own, ``--rounds`` times, interleaved):
+  the median sample(256) at 2^20 rows (--quick: 2^16) timed between steps, and steps per
+  second and the learner's wait without prefetch and with it at depths 2 and 4.
+  ``--only-threads`` runs this part alone.
 
 Sequences (recurrent learners) are measured here once the buffer has them (``sequence=``);
 TorchRL's prefetching buffer is compared where torchrl is installed (it is not in this
 project's environments).
 
---json FILE writes {"info": ..., "rows": [{"workload", "T_us", "prefetch", "sample_us",
+--json FILE writes {"info": ..., "rows": [{"workload", "T_us", "prefetch", "depth", "sample_us",
 "wait_us", "wait_ratio", "steps_per_s"}, ...], "limited": {...}}.
 """
 
@@ -47,7 +51,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Sequence
 
 import numpy as np
 
@@ -136,21 +140,24 @@ def learner(rb: Any, batch: int, work: Callable[[], None], steps: int,
 
 
 def run_workload(name: str, rb: Any, batch: int, steps: int,
-                 depth: int = 2) -> List[Dict[str, Any]]:
+                 depths: Sequence[int] = (2, 4)) -> List[Dict[str, Any]]:
+    """For T = 0.5, 1 and 2 S: the learner without prefetch, then with it at each depth,
+    interleaved."""
     rows = []
     sample_us = sample_time_us(rb, batch)
     for factor in (0.5, 1.0, 2.0):
         work = busy_work(factor * sample_us)
-        for prefetch in (False, True):
-            result = learner(rb, batch, work, steps, prefetch, depth)
+        for depth in (0, *depths):   # 0: without prefetch
+            result = learner(rb, batch, work, steps, depth > 0, depth or 2)
             wait_us = result["wait_s"] * 1e6
             mean_us = result["mean_wait_s"] * 1e6
             rows.append({"workload": name, "T_factor": factor, "T_us": factor * sample_us,
-                         "prefetch": prefetch, "sample_us": sample_us, "wait_us": wait_us,
-                         "mean_wait_us": mean_us, "wait_ratio": wait_us / sample_us,
+                         "prefetch": depth > 0, "depth": depth or None,
+                         "sample_us": sample_us, "wait_us": wait_us, "mean_wait_us": mean_us,
+                         "wait_ratio": wait_us / sample_us,
                          "steps_per_s": result["steps_per_s"]})
             print(f"{name:<8} T={factor:>3}xS ({factor * sample_us:7.1f} us) "
-                  f"{'prefetch' if prefetch else 'direct  '}: wait median {wait_us:7.1f} us "
+                  f"{f'depth {depth}' if depth else 'direct '}: wait median {wait_us:7.1f} us "
                   f"({100 * wait_us / sample_us:5.1f}% of S={sample_us:.1f} us), mean "
                   f"{mean_us:7.1f} us, {result['steps_per_s']:8.0f} steps/s", flush=True)
     return rows
@@ -202,60 +209,85 @@ def limited_run(cpprb_ray: Any, capacity: int, steps: int) -> Dict[str, Any]:
             "in_window": state["min_diff"] <= worst["min"] and worst["max"] <= state["max_diff"]}
 
 
-def blas_probe(steps: int) -> None:
-    """In this process (its BLAS threads set by the caller's environment): a learner whose step
-    is a float32 matmul through numpy's BLAS (as a network's layers would be through torch's),
-    sample(256) at 2^16 rows timed between steps, without and with prefetch. Prints JSON."""
+def threads_probe(steps: int, library: str, capacity: int) -> None:
+    """In this process (its math threads set by the caller's environment, and for torch by
+    ``torch.set_num_threads`` as well): a learner whose step is a float32 192 x 192 matmul
+    through `library` (numpy's BLAS, or torch's intra-op threads: a network's layers),
+    sample(256) at `capacity` rows timed between steps, without and with prefetch. Prints
+    JSON."""
     cpprb_ray = _common.import_cpprb_ray()
-    rb = apex_buffer(cpprb_ray, 1 << 16)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((192, 192), dtype=np.float32)
     b = rng.standard_normal((192, 192), dtype=np.float32)
-    result = {}
+    result: Dict[str, Any] = {"library": library}
+    if library == "torch":
+        import torch  # noqa: PLC0415 (only here: not a dependency)
+        threads = int(os.environ.get("OMP_NUM_THREADS", "0"))
+        if threads > 0:
+            torch.set_num_threads(threads)
+        result["torch"] = torch.__version__
+        result["torch_threads"] = torch.get_num_threads()
+        a, b = torch.from_numpy(a), torch.from_numpy(b)
+    rb = apex_buffer(cpprb_ray, capacity)
     try:
         out = rb.sample(256)
-        times = []
-        for _ in range(steps):
+        for _ in range(steps // 10):   # warm: the math library's threads started
             a @ b
-            started = time.perf_counter()
-            rb.sample(256, out=out)
-            times.append(time.perf_counter() - started)
-        result["sample_us"] = statistics.median(times) * 1e6
-        with rb.prefetch(256, depth=2) as batches:
-            next(batches)
-            started = time.perf_counter()
-            for _ in range(steps):
-                next(batches)
-                a @ b
-            elapsed = time.perf_counter() - started
-            result["prefetch_wait_us"] = batches.wait_seconds / batches.batches * 1e6
-            result["prefetch_steps_per_s"] = steps / elapsed
+        times = []
         started = time.perf_counter()
         for _ in range(steps):
-            rb.sample(256, out=out)
             a @ b
+            asked = time.perf_counter()
+            rb.sample(256, out=out)
+            times.append(time.perf_counter() - asked)
         result["direct_steps_per_s"] = steps / (time.perf_counter() - started)
+        result["sample_us"] = statistics.median(times) * 1e6
+        for depth in (2, 4):
+            with rb.prefetch(256, depth=depth) as batches:
+                next(batches)
+                waits = []
+                started = time.perf_counter()
+                for _ in range(steps):
+                    asked = time.perf_counter()
+                    next(batches)
+                    waits.append(time.perf_counter() - asked)
+                    a @ b
+                result[f"prefetch{depth}_steps_per_s"] = steps / (time.perf_counter() - started)
+                result[f"prefetch{depth}_wait_us"] = statistics.median(waits) * 1e6
+                result[f"prefetch{depth}_mean_wait_us"] = statistics.fmean(waits) * 1e6
     finally:
         rb.close()
     print(json.dumps(result))
 
 
-def threads_runs(steps: int) -> List[Dict[str, Any]]:
-    """blas_probe with 2 BLAS threads and with 1 (OMP_NUM_THREADS / OPENBLAS_NUM_THREADS)."""
+def threads_runs(steps: int, library: str, capacity: int,
+                 rounds: int = 2) -> List[Dict[str, Any]]:
+    """threads_probe with 2 math threads and with 1 (``OMP_NUM_THREADS`` and its kin; torch's
+    set_num_threads too), each in a process of its own (a library reads them once), `rounds`
+    times, interleaved."""
     found = []
-    for threads in (2, 1):
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads),
-                   OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-        completed = subprocess.run([sys.executable, os.path.abspath(__file__), "--blas-probe",
-                                    "--steps", str(steps)], env=env, capture_output=True,
-                                   text=True, check=True)
-        result = json.loads(completed.stdout.strip().splitlines()[-1])
-        result["blas_threads"] = threads
-        found.append(result)
-        print(f"BLAS threads {threads}: sample(256) between matmul steps {result['sample_us']:.1f}"
-              f" us median; steps/s direct {result['direct_steps_per_s']:.0f}, prefetch "
-              f"{result['prefetch_steps_per_s']:.0f} (learner wait "
-              f"{result['prefetch_wait_us']:.1f} us per batch)", flush=True)
+    for _ in range(rounds):
+        for threads in (2, 1):
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads),
+                       OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+            completed = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--threads-probe", library,
+                 "--steps", str(steps), "--capacity-log2", str(capacity.bit_length() - 1)],
+                env=env, capture_output=True, text=True, check=True)
+            result = json.loads(completed.stdout.strip().splitlines()[-1])
+            result["threads"] = threads
+            result["load_average_1"] = os.getloadavg()[0]
+            found.append(result)
+            print(f"{library} threads {threads}: sample(256) at {capacity} rows between "
+                  f"matmul steps {result['sample_us']:.1f} us median; steps/s direct "
+                  f"{result['direct_steps_per_s']:.0f}, prefetch depth 2 "
+                  f"{result['prefetch2_steps_per_s']:.0f} (learner wait per batch "
+                  f"{result['prefetch2_wait_us']:.1f} us median, "
+                  f"{result['prefetch2_mean_wait_us']:.1f} us mean), depth 4 "
+                  f"{result['prefetch4_steps_per_s']:.0f} ("
+                  f"{result['prefetch4_wait_us']:.1f} us, "
+                  f"{result['prefetch4_mean_wait_us']:.1f} us); load "
+                  f"{result['load_average_1']:.2f}", flush=True)
     return found
 
 
@@ -263,26 +295,47 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller buffers, fewer steps")
     parser.add_argument("--steps", type=int, default=None, help="steps per run")
-    parser.add_argument("--depth", type=int, default=2, help="prefetch depth (default 2)")
+    parser.add_argument("--depths", default="2,4",
+                        help="prefetch depths to run, comma-separated (default 2,4)")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--blas-probe", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", choices=("numpy", "torch"), default="numpy",
+                        help="the learner's math library in the threads runs (torch: where "
+                             "it is installed)")
+    parser.add_argument("--only-threads", action="store_true",
+                        help="run the threads runs alone")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds of the threads runs (each: 2 threads, then 1)")
+    parser.add_argument("--threads-probe", help=argparse.SUPPRESS)
+    parser.add_argument("--capacity-log2", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     steps = args.steps or (500 if args.quick else 3000)
-    if args.blas_probe:
-        blas_probe(steps)
+    capacity = 1 << (args.capacity_log2 or (16 if args.quick else 20))
+    if args.threads_probe:
+        threads_probe(steps, args.threads_probe, capacity)
         return
+    if args.only_threads:   # (in an environment of its own, maybe without cpprb: no header)
+        print(f"machine: {_common.machine()} ({os.cpu_count()} CPUs); Python "
+              f"{sys.version.split()[0]}, numpy {np.__version__}; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+        threads = threads_runs(steps, args.threads, capacity, args.rounds)
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"threads": threads}, handle, indent=1)
+        return
+    depths = [int(depth) for depth in args.depths.split(",")]
     cpprb_ray = _common.import_cpprb_ray()
     info = _common.run_info(args.quick)
     print(_common.header(info), flush=True)
     rows: List[Dict[str, Any]] = []
     rb = apex_buffer(cpprb_ray, 1 << (16 if args.quick else 20))
     try:
-        rows += run_workload("apex", rb, 256, steps, args.depth)
+        rows += run_workload("apex", rb, 256, steps, depths)
     finally:
         rb.close()
     rb = pixel_buffer(cpprb_ray, 1 << (13 if args.quick else 15))
     try:
-        rows += run_workload("pixels", rb, 32, steps, args.depth)
+        rows += run_workload("pixels", rb, 32, steps, depths)
     finally:
         rb.close()
     limited = limited_run(cpprb_ray, 1 << 16, steps)
@@ -291,7 +344,7 @@ def main() -> None:
           f"{limited['ratio']:.3f}; diff seen {limited['diff_seen']} in window "
           f"{limited['diff_window']}: {limited['in_window']}; learner wait "
           f"{limited['wait_us']:.1f} us per batch", flush=True)
-    threads = threads_runs(steps)
+    threads = threads_runs(steps, args.threads, capacity, args.rounds)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         with open(args.json, "w") as handle:

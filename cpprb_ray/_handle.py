@@ -451,7 +451,9 @@ class Handle:
         depth : int
             Output sets in the ring (>= 1): the thread keeps up to ``depth - 1`` batches
             ready beside the one the learner holds. A yielded batch stays valid until the next
-            ``next()``; then its set is refilled, with batch ``k + depth``.
+            ``next()``; then its set is refilled, with batch ``k + depth``. The thread is woken
+            once per ``depth - 1`` batches (it refills the ring once the learner took every
+            batch ready): 4 suits samples of tens of microseconds (docs/learner.md).
         timeout : float, optional
             How long the thread's sample may wait for the rate limiter (as for
             :meth:`sample`); a TimeoutError reaches the learner at its ``next()``.

@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -362,6 +362,61 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+class LearnerBatches:
+    """The learner's batches, sampled when asked or (`prefetch`) ahead on a thread
+    (``rb.prefetch``, docs/learner.md), and the seconds the learner waited for them.
+
+    ``take()`` returns the next batch, or None when the rate limiter held it back for a slice
+    (``WAIT_SLICE_S``: the caller looks at the clock and its reports, then asks again). A
+    batch stays valid until the next ``take()``: the learner trains on it and writes its
+    priorities back before that. `beta` is a callable of the batch number (the prefetch
+    thread's annealing; the direct sample calls it too).
+
+    Examples
+    --------
+    >>> with cpprb_ray.PrioritizedReplayBuffer(64, {"obs": {}}, seed=0) as rb:
+    ...     _ = rb.add(obs=np.arange(8.0))
+    ...     batches = LearnerBatches(rb, 4, lambda _k: 0.4, prefetch=True)
+    ...     print(batches.take()["obs"].shape)
+    ...     batches.close()
+    ...     print(sorted(batches.report(1)))
+    (4, 1)
+    ['learner_wait_s', 'learner_wait_us_per_step', 'prefetch']
+    """
+
+    def __init__(self, rb: Any, batch_size: int, beta: Callable[[int], float],
+                 prefetch: bool, depth: int = 2) -> None:
+        self.rb = rb
+        self.batch_size = batch_size
+        self.beta = beta
+        self.waited = 0.0
+        self.prefetch = (rb.prefetch(batch_size, beta=beta, depth=depth, timeout=WAIT_SLICE_S)
+                         if prefetch else None)
+
+    def take(self) -> Optional[Dict[str, Any]]:
+        asked = time.perf_counter()
+        try:
+            if self.prefetch is not None:
+                return next(self.prefetch)
+            return self.rb.sample(self.batch_size, self.beta(0), timeout=WAIT_SLICE_S)
+        except TimeoutError:
+            return None
+        finally:
+            self.waited += time.perf_counter() - asked
+
+    def close(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
+
+    def report(self, steps: int) -> Dict[str, Any]:
+        """The JSON line's keys: whether it prefetched, and the learner's wait (the whole
+        sample without prefetch, rate limiter waits included; what the thread had not ready
+        yet with it), in all and per learner step."""
+        return {"prefetch": self.prefetch is not None,
+                "learner_wait_s": round(self.waited, 3),
+                "learner_wait_us_per_step": round(1e6 * self.waited / max(steps, 1), 1)}
+
+
 def error_buffer(args: argparse.Namespace) -> float:
     """The limiter's slack, in sampled rows: a few learner batches, plus one add batch of every
     actor at once (else an actor's whole batch could never fit in the window)."""
@@ -415,15 +470,14 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
     samples = 0
     next_report = start
     deadline = start + args.seconds
-    waited = 0.0   # seconds the learner waited for its batches
 
-    def beta_now(_step: int = 0) -> float:
+    def beta_now(_step: int) -> float:
         return 0.4 + 0.6 * min(1.0, (time.time() - start) / args.seconds)
 
-    # With --prefetch, a thread samples the next batch while train_step runs; a batch stays
-    # valid until the next next(), which is all the learner needs of it.
-    batches = (rb.prefetch(args.batch_size, beta=beta_now, depth=2, timeout=WAIT_SLICE_S)
-               if args.prefetch else None)
+    # With --prefetch, a thread samples the next batches while train_step runs; depth 4 for
+    # batches this small (a sample of tens of microseconds): it wakes once per three batches
+    # (docs/learner.md).
+    batches = LearnerBatches(rb, args.batch_size, beta_now, args.prefetch, depth=4)
     try:
         while True:
             now = time.time()
@@ -445,14 +499,9 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                 break
             # The rate limiter holds the sample back until min_size rows are in and while the
             # learner is ahead of samples_per_insert; wait in slices to keep the report going.
-            asked = time.perf_counter()
-            try:
-                batch = (next(batches) if batches is not None
-                         else rb.sample(args.batch_size, beta_now(), timeout=WAIT_SLICE_S))
-            except TimeoutError:
+            batch = batches.take()
+            if batch is None:
                 continue
-            finally:
-                waited += time.perf_counter() - asked
             # gamma ** m per row: m < 3 for the windows cut short at an episode's end.
             priorities = learner.train_step(batch, batch["discounts"])
             rb.update_priorities(batch["indexes"], priorities, batch["generations"])
@@ -462,8 +511,7 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                 for actor in actors:
                     actor.publish.remote([weights])
     finally:
-        if batches is not None:
-            batches.close()
+        batches.close()
         for actor in actors:
             actor.stop.remote()
         steps = ray.get(runs, timeout=60)
@@ -497,11 +545,7 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
         "samples_per_insert": round(samples / max(progress.rows_added, 1), 2),
         "rate_limit": {"samples_per_insert": args.samples_per_insert,
                        "min_size": args.min_size, "error_buffer": error_buffer(args)},
-        "prefetch": bool(args.prefetch),
-        # Seconds the learner waited for batches: the whole sample without prefetch (rate
-        # limiter waits included), what the thread had not ready yet with it.
-        "learner_wait_s": round(waited, 3),
-        "learner_wait_us_per_step": round(1e6 * waited / max(learner.steps, 1), 1),
+        **batches.report(learner.steps),
     }
     result["buffer_stats"] = rb.stats()
     # Where Ray's node listens: 127.0.0.1 (docs/apex.md).

@@ -12,11 +12,13 @@
   steps starting every ``--period`` steps, stores each step once, and samples whole sequences
   (padded past an episode's end, ``mask`` False there). A step's priority is the actor's own
   n-step TD error; a sequence's first priority is the buffer's eta mix of its steps'.
-- The driver is the learner: it samples sequences by priority, replays the first ``--burn-in``
-  steps from the stored state to warm up both networks' states, trains on the rest with
-  n-step double-DQN targets computed inside the sequence (backpropagation through time), and
-  writes back one priority per sequence, ``cpprb_ray.sequence_priority``: ``eta * max|td| +
-  (1 - eta) * mean|td|`` (eta 0.9), with the generations of the sample. A
+- The driver is the learner: it samples sequences by priority (ahead, on a thread, while it
+  trains on the batch before: ``rb.prefetch``, docs/learner.md; ``--no-prefetch`` samples
+  each when asked; the JSON line reports the learner's wait either way), replays the first
+  ``--burn-in`` steps from the stored state to warm up both networks' states, trains on the
+  rest with n-step double-DQN targets computed inside the sequence (backpropagation through
+  time), and writes back one priority per sequence, ``cpprb_ray.sequence_priority``:
+  ``eta * max|td| + (1 - eta) * mean|td|`` (eta 0.9), with the generations of the sample. A
   ``SampleToInsertRatio`` limiter (its unit: one sequence) keeps the replay ratio steady.
 - Weights go to the actors through Ray's object store; transitions never do (the buffer handle
   pickles by name and each actor attaches to the same shared memory).
@@ -338,6 +340,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="base of the actors' epsilon ladder (Ape-X's 0.4 ** (1 + 7i/(K-1)) "
                              "with this base)")
     parser.add_argument("--no-progress", action="store_true", help="no live line on stderr")
+    parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                        help="sample each batch when the learner asks for it, instead of ahead "
+                             "on a thread (rb.prefetch) while the learner trains")
     args = parser.parse_args(argv)
     for name in ("actors", "length", "period", "nstep", "hidden", "head", "buffer_size",
                  "batch_size", "min_size", "target_every", "publish_every", "add_batch"):
@@ -428,6 +433,13 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
     samples = 0
     next_report = start
     deadline = start + args.seconds
+
+    def beta_now(_step: int) -> float:
+        return 0.6 + 0.4 * min(1.0, (time.time() - start) / args.seconds)
+
+    # A thread samples the next batch of sequences while train_step runs (unless
+    # --no-prefetch): the learner takes it ready. It stays valid until the next take().
+    batches = apex.LearnerBatches(rb, args.batch_size, beta_now, args.prefetch)
     try:
         while True:
             now = time.time()
@@ -444,10 +456,8 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                     break
             if now >= deadline:
                 break
-            beta = 0.6 + 0.4 * min(1.0, (now - start) / args.seconds)
-            try:
-                batch = rb.sample(args.batch_size, beta, timeout=WAIT_SLICE_S)
-            except TimeoutError:
+            batch = batches.take()
+            if batch is None:   # the limiter held it back a slice: look at the clock again
                 continue
             abs_td, trained = learner.train_step(sequence_batch(batch))
             priorities = cpprb_ray.sequence_priority(abs_td, mask=trained, eta=ETA)
@@ -458,6 +468,7 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
                 for actor in actors:
                     actor.publish.remote([weights])
     finally:
+        batches.close()
         for actor in actors:
             actor.stop.remote()
         steps = ray.get(runs, timeout=60)
@@ -497,6 +508,7 @@ def learn(args: argparse.Namespace, rb: cpprb_ray.PrioritizedReplayBuffer,
         "samples_per_insert": round(samples / max(progress.rows_added, 1), 2),
         "rate_limit": {"samples_per_insert": args.samples_per_insert,
                        "min_size": args.min_size, "error_buffer": error_buffer(args)},
+        **batches.report(learner.steps),
     }
     result["buffer_stats"] = rb.stats()
     result["ray_nodes"] = sorted({node["NodeManagerAddress"] for node in ray.nodes()})

@@ -153,6 +153,32 @@ def test_the_ring_cycles_and_a_held_batch_is_never_refilled():
             assert batches.batches <= drawn <= batches.batches + depth - 1
 
 
+def drawn_batches(rb, batch, count, seconds=2.0):
+    """Batches sampled from `rb` once `count` are, or after `seconds` (then fewer)."""
+    deadline = time.monotonic() + seconds
+    while rb.stats()["samples"] // batch < count and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return rb.stats()["samples"] // batch
+
+
+def test_a_full_ring_is_refilled_once_the_learner_took_every_ready_batch():
+    """The thread sleeps from a full ring until the learner has taken the last batch ready
+    (one wake-up of it per depth - 1 batches), then refills every free set."""
+    with PrioritizedReplayBuffer(4096, ENV, seed=0) as rb:
+        fill(rb, ENV, 1024, 4)
+        with rb.prefetch(64, depth=4) as batches:
+            next(batches)
+            assert drawn_batches(rb, 64, 4) == 4   # the one held, three ready: full
+            next(batches)
+            next(batches)       # two sets free, one batch still ready: the thread sleeps on
+            assert drawn_batches(rb, 64, 5, seconds=0.05) == 4
+            next(batches)       # the last one ready taken: the thread refills three sets
+            assert drawn_batches(rb, 64, 7) == 7
+            for _ in range(20):
+                next(batches)
+            assert drawn_batches(rb, 64, 24) >= 24 and batches.batches == 24
+
+
 def test_copy_yields_owned_arrays():
     with ReplayBuffer(64, ENV, seed=1) as rb, ReplayBuffer(64, ENV, seed=1) as twin:
         fill(rb, ENV, 32, 1)
@@ -364,7 +390,29 @@ def test_torch_tensors_over_the_ring():
                 np.testing.assert_array_equal(batch["indexes"], expected["indexes"])
                 ids.append(batch["obs"].data_ptr())
             assert len(set(ids)) == 2   # tensors over the two sets, not copies
+            ring_arrays = {int(arrays["obs"].ctypes.data) for arrays in batches._ring.sets}
+            assert set(ids) == ring_arrays
             assert batch["obs"].is_pinned() == torch.cuda.is_available()
+            indexes, generations = batch["indexes"].copy(), batch["generations"].copy()
+        # the twin draws what the thread had drawn ahead when it was closed (0 or 1)
+        for _ in range((rb.stats()["samples"] - twin.stats()["samples"]) // 8):
+            twin.sample(8)
+        # a network's priorities come back as a tensor: update_priorities takes it
+        priorities = torch.full((8,), 7.0)
+        assert rb.update_priorities(indexes, priorities, generations) == 8
+        assert rb.get_max_priority() == 7.0
+        twin.update_priorities(indexes, priorities.numpy(), generations)
+        with rb.prefetch(8, tensors="torch", copy=True) as batches:
+            first = next(batches)
+            np.testing.assert_array_equal(first["obs"].numpy(), twin.sample(8)["obs"])
+            kept = first["obs"].clone()
+            for _ in range(3):
+                batch = next(batches)
+                expected = twin.sample(8)
+                np.testing.assert_array_equal(batch["obs"].numpy(), expected["obs"])
+            # owned: the first batch's tensor was not refilled by the three after it
+            assert torch.equal(first["obs"], kept)
+            assert first["obs"].data_ptr() != batch["obs"].data_ptr()
 
 
 JAX_CHECK = """
