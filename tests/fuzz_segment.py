@@ -49,7 +49,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 import cpprb_ray
-from cpprb_ray import _memory, _segment
+from cpprb_ray import _memory, _segment, _top
 
 LOCK_TIMEOUT_S = 0.3
 ATTACH_CHECK_S = 0.5       # how long attach watches a lock word naming a thread that is gone
@@ -59,6 +59,12 @@ EXPECTED = (ValueError, TimeoutError, OSError, IndexError, MemoryError, cpprb_ra
 class BadWeights(Exception):
     """A sample gave weights that no tree a writer left gives (NaN, inf, <= 0 or > 1): a
     corrupt node must be the corrupt-segment error instead. Not in EXPECTED: a finding."""
+
+
+class TopMissed(Exception):
+    """`top` left a buffer out, or listed another: a finding."""
+
+
 FUTEX_WAITERS = 0x80000000
 FUTEX_OWNER_DIED = 0x40000000
 OP_CODES = {"none": 0, "add": 1, "update": 2, "clear": 3}
@@ -548,6 +554,17 @@ def handle_ops(handle: Any, case: Case, rng: np.random.Generator) -> List[Tuple[
             ("sample", sample), ("update", update), ("transitions", handle.get_all_transitions)]
 
 
+def top_lists(location: str) -> None:
+    rows = _top.read_buffers(location)
+    if not rows:
+        with open(_memory.file_of("shm", location), "rb") as file:
+            if struct.unpack("<Q", file.read(8).ljust(8, b"\0"))[0] != _segment.MAGIC:
+                return          # its magic is gone: no longer a buffer of ours to list
+    # A buffer it cannot open is listed by its file's path.
+    if [os.path.basename(row["name"]) for row in rows] != [location]:
+        raise TopMissed(f"top listed {[row['name'] for row in rows]}, not {location!r}")
+
+
 class Report:
     """Writes "B case op" before and "E case op outcome seconds" after every operation, so the
     runner sees the case and operation a crash or a hang happened in."""
@@ -619,6 +636,10 @@ def run_case(seed: int, case_id: int, shm_prefix: str, directory: str, live_tids
         segment.lanes = owner._layout.meta.get("lanes") or {"count": 1, "offset": 0}
         for mutate in case.mutations:
             report.line(f"M {case_id} {json.dumps(mutate(segment))}")
+        if case.backend == "shm":
+            # `top` reads every buffer it lists without writing: it must list this one, damaged
+            # or not (with its problem), and raise nothing.
+            report.run(case_id, "top", lambda: top_lists(location))
         ok, view = report.run(case_id, "attach", lambda: cpprb_ray.attach(
             location, lock_timeout=LOCK_TIMEOUT_S, seed=case_id))
         for handle_name, handle in (("view", view), ("owner", owner)):
