@@ -1,6 +1,7 @@
 """A learner's wait for its batch, with and without ``rb.prefetch`` (docs/learner.md).
 
-    python benchmarks/bench_prefetch.py [--quick] [--steps N] [--json FILE]
+    python benchmarks/bench_prefetch.py [--quick] [--steps N] [--peers P ...]
+        [--workloads apex,pixels,sequences,limited,threads] [--json FILE]
     python benchmarks/bench_prefetch.py --only-threads --threads torch [--steps N]
 
 A learner loop: take a batch (``sample(..., out=)`` into one preallocated set, or ``next()`` of
@@ -9,22 +10,27 @@ step simulated by T microseconds of GIL-releasing numpy work (``np.sin`` over a 
 sized for T: a core kept busy, as a network's forward and backward pass would), then
 ``update_priorities`` of the batch. For each workload the sample time S is measured first
 (median of ``sample(out=)``), then T = 0.5 S, 1 S and 2 S are run, without prefetch and with
-it at each depth (interleaved), each for `--steps` steps. Reported: the learner-visible wait
-per step (the time from asking for the batch to having it: ``sample(out=)`` without prefetch,
-``next()`` with it; median and mean over the steps), the median's ratio to S, and steps per
-second.
+it at each depth (interleaved), each for `--steps` steps (3000; --quick 500), cut to what
+fits in RUN_BUDGET_S seconds (at least RUN_MIN_STEPS): sequences' and TorchRL's samples take
+milliseconds. Reported: the learner-visible wait per step (the time from asking for the batch
+to having it: ``sample(out=)`` without prefetch, ``next()`` with it; median and mean over the
+steps), the median's ratio to S, the priority update's median, and steps per second.
 
-Workloads:
+Workloads (``--workloads``, all by default):
 
 - apex: Ape-X rows (obs float32 x4, act, rew, next_obs, done), batch 256, 2^20 rows, a
   prioritized buffer (alpha 0.6), filled before anything is timed.
 - pixels: the Atari layout (obs uint8 84x84x4 with next_of and stack_compress), batch 32,
   2^15 rows (--quick: 2^13) in episodes of 500 steps.
-- apex, rate-limited: the apex loop at T = S with prefetch, a SampleToInsertRatio limiter
+- sequences: R2D2's layout as benchmarks/bench_sequences.py makes and fills it (obs
+  float32[64], core float32[512], act, rew, done; ``sequence={"length": 120, "period":
+  40}``, 16 lanes, alpha 0.9; episodes of 50 to 1,000 steps), batch 64 sequences of 120
+  steps, 2^18 steps (``--sequence-steps``; --quick: 2^14): 2^20 would take two copies of
+  2.4 GB with TorchRL's beside it.
+- limited: the apex loop at T = 60 us with prefetch, a SampleToInsertRatio limiter
   (samples_per_insert 8, error_buffer 4096 rows) and an actor thread adding 64 rows at a time:
   the ratio of samples to inserts at the end, and whether the limiter's diff stayed in its
   window (it does exactly: the thread's samples are admitted under the lock like any other).
-
 - threads: a learner whose step is a float32 192 x 192 matmul through numpy's BLAS or
   (``--threads torch``) through torch's intra-op threads, as a network's layers would be,
   with 2 math threads and with 1 (``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``, and
@@ -33,17 +39,30 @@ Workloads:
   second and the learner's wait without prefetch and with it at depths 2 and 4.
   ``--only-threads`` runs this part alone.
 
-Sequences (recurrent learners) are measured here once the buffer has them (``sequence=``);
-TorchRL's prefetching buffer is compared where torchrl is installed (it is not in this
-project's environments).
+Peers (``--peers torchrl`` or ``none``; by default every one that imports here): TorchRL
+0.14 where torchrl imports (``make bench-peers`` makes .venv-torchrl, which has cpprb and
+this package too; run the script with its python, e.g. ``.venv-torchrl/bin/python
+benchmarks/bench_prefetch.py --peers torchrl``: it finds this checkout's build). On the same
+rows (apex: benchmarks/_libraries.py's filled TorchRL buffer; pixels: the same episodes, obs
+and next_obs stored whole; sequences: bench_sequences.py's ``PrioritizedSliceSampler(slice_len
+=120)``, filled with the same steps), a ``TensorDictReplayBuffer`` over a ``LazyTensorStorage``
+and its prioritized sampler, made with ``prefetch=D`` (its thread pool samples D batches
+ahead) or without, runs the same learner loop after ours at each T and depth (``sample()``,
+the step, ``update_priority`` of the sampled rows: for sequences each step of a slice gets
+the slice's priority), and once more at T = its own sample time. The limited part has no
+peer: TorchRL 0.14 has no rate limiter, and the ``RateLimitedReplayBuffer`` of later versions
+refuses ``prefetch`` (a ValueError).
 
---json FILE writes {"info": ..., "rows": [{"workload", "T_us", "prefetch", "depth", "sample_us",
-"wait_us", "wait_ratio", "steps_per_s"}, ...], "limited": {...}}.
+--json FILE writes {"info": ..., "rows": [{"library", "workload", "T_factor", "T_us",
+"prefetch", "depth", "sample_us", "wait_us", "mean_wait_us", "wait_ratio", "update_us",
+"steps_per_s", "steps"}, ...], "limited": {...}, "threads": [...]} (T_factor: T over cpprb_ray's S;
+sample_us and wait_ratio: the row's library's own S).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -58,8 +77,18 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common  # noqa: E402
+from benchmarks import bench_sequences as sequences  # noqa: E402
 
 PIXEL_SHAPE = (84, 84, 4)
+PIXEL_EPISODE = 500
+#: The peers, each measured where it imports (its module's name).
+PEERS = ("torchrl",)
+#: The parts of a run, in their order.
+WORKLOADS = ("apex", "pixels", "sequences", "limited", "threads")
+#: Seconds a run takes at most: its steps are cut to fit (sequences' and TorchRL's samples
+#: take milliseconds), to RUN_MIN_STEPS at the least.
+RUN_BUDGET_S = 4.0
+RUN_MIN_STEPS = 20
 
 
 def busy_work(microseconds: float) -> Callable[[], None]:
@@ -87,20 +116,27 @@ def apex_buffer(cpprb_ray: Any, capacity: int, **options: Any) -> Any:
     return rb
 
 
+def pixel_episodes(capacity: int):
+    """Episodes of PIXEL_EPISODE steps (dicts of numpy columns: obs, next_obs, act, rew, done)
+    until `capacity` steps: the same ones for every library."""
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, (PIXEL_EPISODE + 4,) + PIXEL_SHAPE[:2], dtype=np.uint8)
+    stacks = np.stack([frames[i:i + PIXEL_EPISODE + 1] for i in range(4)], axis=-1)
+    done = np.zeros(PIXEL_EPISODE, np.float32)
+    done[-1] = 1
+    for _ in range(-(-capacity // PIXEL_EPISODE)):
+        yield {"obs": stacks[:-1], "next_obs": stacks[1:],
+               "act": rng.integers(0, 4, PIXEL_EPISODE),
+               "rew": rng.standard_normal(PIXEL_EPISODE).astype(np.float32), "done": done}
+
+
 def pixel_buffer(cpprb_ray: Any, capacity: int) -> Any:
     env = {"obs": {"shape": PIXEL_SHAPE, "dtype": np.uint8}, "act": {"dtype": np.int64},
            "rew": {}, "done": {}}
     rb = cpprb_ray.PrioritizedReplayBuffer(capacity, env, alpha=_common.ALPHA, seed=0,
                                            next_of="obs", stack_compress="obs")
-    rng = np.random.default_rng(0)
-    episode = 500
-    frames = rng.integers(0, 255, (episode + 4,) + PIXEL_SHAPE[:2], dtype=np.uint8)
-    stacks = np.stack([frames[i:i + episode + 1] for i in range(4)], axis=-1)
-    done = np.zeros(episode, np.float32)
-    done[-1] = 1
-    while rb.get_stored_size() < capacity:
-        rb.add(obs=stacks[:-1], next_obs=stacks[1:], act=rng.integers(0, 4, episode),
-               rew=rng.standard_normal(episode).astype(np.float32), done=done)
+    for episode in pixel_episodes(capacity):
+        rb.add(**episode)
     return rb
 
 
@@ -115,52 +151,180 @@ def sample_time_us(rb: Any, batch: int, calls: int = 300) -> float:
 
 
 def learner(rb: Any, batch: int, work: Callable[[], None], steps: int,
-            prefetch: bool, depth: int = 2) -> Dict[str, float]:
+            prefetch: bool, depth: int = 2) -> Dict[str, Any]:
     """The loop; the learner's wait per step (s: median and mean of the time from asking for
-    a batch to having it, ``sample(out=)`` or ``next()``) and steps per second."""
+    a batch to having it, ``sample(out=)`` or ``next()``), its priority update (s, median),
+    steps per second and steps."""
     rng = np.random.default_rng(2)
     priorities = rng.uniform(0.01, 10.0, batch).astype(np.float32)
     batches = rb.prefetch(batch, depth=depth) if prefetch else None
     out = rb.sample(batch)
     if batches is not None:
         next(batches)   # the ring allocated, the thread started
-    waits = []
+    waits, updates = [], []
     started = time.perf_counter()
     for _ in range(steps):
         asked = time.perf_counter()
         sampled = next(batches) if batches is not None else rb.sample(batch, out=out)
         waits.append(time.perf_counter() - asked)
         work()
+        asked = time.perf_counter()
         rb.update_priorities(sampled["indexes"], priorities, sampled["generations"])
+        updates.append(time.perf_counter() - asked)
     elapsed = time.perf_counter() - started
     if batches is not None:
         batches.close()
+    return loop_result(waits, updates, elapsed)
+
+
+def loop_result(waits: List[float], updates: List[float], elapsed: float) -> Dict[str, Any]:
+    """A learner loop's figures: the wait for a batch (median and mean), the priority update
+    (median), steps per second, steps."""
     return {"wait_s": statistics.median(waits), "mean_wait_s": statistics.fmean(waits),
-            "steps_per_s": steps / elapsed}
+            "update_s": statistics.median(updates), "steps_per_s": len(waits) / elapsed,
+            "steps": len(waits)}
+
+
+def run_steps(steps: int, step_us: float) -> int:
+    """`steps`, cut so that a run of steps of about `step_us` takes RUN_BUDGET_S."""
+    return max(RUN_MIN_STEPS, min(steps, int(RUN_BUDGET_S / (step_us * 1e-6))))
+
+
+def result_row(library: str, name: str, factor: float, work_us: float, depth: int,
+               sample_us: float, result: Dict[str, float]) -> Dict[str, Any]:
+    """One run's row (`factor`: T over cpprb_ray's S; `sample_us`: the library's own S), and
+    its line printed."""
+    wait_us, mean_us = result["wait_s"] * 1e6, result["mean_wait_s"] * 1e6
+    update_us = result["update_s"] * 1e6
+    print(f"{name:<9} {library:<9} T={factor:>4.2g}xS ({work_us:8.1f} us) "
+          f"{f'depth {depth}' if depth else 'direct '}: wait median {wait_us:8.1f} us "
+          f"({100 * wait_us / sample_us:5.1f}% of its S={sample_us:.1f} us), mean "
+          f"{mean_us:8.1f} us, update {update_us:8.1f} us, {result['steps_per_s']:8.0f} "
+          f"steps/s ({result['steps']} steps)", flush=True)
+    return {"library": library, "workload": name, "T_factor": factor, "T_us": work_us,
+            "prefetch": depth > 0, "depth": depth or None, "sample_us": sample_us,
+            "wait_us": wait_us, "mean_wait_us": mean_us, "wait_ratio": wait_us / sample_us,
+            "update_us": update_us, "steps_per_s": result["steps_per_s"],
+            "steps": result["steps"]}
 
 
 def run_workload(name: str, rb: Any, batch: int, steps: int,
-                 depths: Sequence[int] = (2, 4)) -> List[Dict[str, Any]]:
-    """For T = 0.5, 1 and 2 S: the learner without prefetch, then with it at each depth,
-    interleaved."""
+                 depths: Sequence[int] = (2, 4), peer: Any = None) -> List[Dict[str, Any]]:
+    """For T = 0.5, 1 and 2 S (S: cpprb_ray's sample time): the learner without prefetch,
+    then with it at each depth, interleaved; with `peer` (TorchRLPrefetch), TorchRL's learner
+    after ours at each, and TorchRL's at T = its own S."""
     rows = []
     sample_us = sample_time_us(rb, batch)
+    peer_us = peer.sample_time_us() if peer is not None else 0.0
     for factor in (0.5, 1.0, 2.0):
         work = busy_work(factor * sample_us)
         for depth in (0, *depths):   # 0: without prefetch
-            result = learner(rb, batch, work, steps, depth > 0, depth or 2)
-            wait_us = result["wait_s"] * 1e6
-            mean_us = result["mean_wait_s"] * 1e6
-            rows.append({"workload": name, "T_factor": factor, "T_us": factor * sample_us,
-                         "prefetch": depth > 0, "depth": depth or None,
-                         "sample_us": sample_us, "wait_us": wait_us, "mean_wait_us": mean_us,
-                         "wait_ratio": wait_us / sample_us,
-                         "steps_per_s": result["steps_per_s"]})
-            print(f"{name:<8} T={factor:>3}xS ({factor * sample_us:7.1f} us) "
-                  f"{f'depth {depth}' if depth else 'direct '}: wait median {wait_us:7.1f} us "
-                  f"({100 * wait_us / sample_us:5.1f}% of S={sample_us:.1f} us), mean "
-                  f"{mean_us:7.1f} us, {result['steps_per_s']:8.0f} steps/s", flush=True)
+            count = run_steps(steps, (1 + factor) * sample_us)
+            result = learner(rb, batch, work, count, depth > 0, depth or 2)
+            rows.append(result_row("cpprb_ray", name, factor, factor * sample_us, depth,
+                                   sample_us, result))
+            if peer is not None:
+                result = peer.learner(work, run_steps(steps, peer_us + factor * sample_us),
+                                      depth)
+                rows.append(result_row("torchrl", name, factor, factor * sample_us, depth,
+                                       peer_us, result))
+    if peer is not None:   # TorchRL's learner with a step as long as its own sample
+        work = busy_work(peer_us)
+        for depth in (0, *depths):
+            result = peer.learner(work, run_steps(steps, 2 * peer_us), depth)
+            rows.append(result_row("torchrl", name, peer_us / sample_us, peer_us, depth,
+                                   peer_us, result))
     return rows
+
+
+class TorchRLPrefetch:
+    """TorchRL 0.14's learner on one workload's rows: a ``TensorDictReplayBuffer`` over a
+    filled ``LazyTensorStorage`` and its prioritized sampler, made with ``prefetch=depth``
+    (its thread pool samples that many batches ahead) or without; every such buffer shares
+    the one storage and sampler, so the rows and priorities are the same in each run."""
+
+    def __init__(self, buffer: Any, batch: int, repeat: int = 1):
+        """`buffer`: a filled TorchRL buffer (its storage and sampler are taken); `batch`: its
+        sample size in storage rows; `repeat`: rows per sampled item (a slice's steps: each
+        step gets its slice's priority)."""
+        import torch  # noqa: PLC0415 (TorchRL's own venv only)
+
+        self.torch = torch
+        self.storage, self.sampler = buffer.storage, buffer.sampler
+        self.batch = batch
+        priorities = np.random.default_rng(2).uniform(0.01, 10.0, batch // repeat)
+        self.priorities = torch.from_numpy(np.repeat(priorities, repeat).astype(np.float32))
+
+    def buffer(self, depth: int) -> Any:
+        """A buffer over the shared storage and sampler, prefetching `depth` batches (0:
+        none)."""
+        from torchrl.data import TensorDictReplayBuffer  # noqa: PLC0415
+
+        return TensorDictReplayBuffer(storage=self.storage, sampler=self.sampler,
+                                      batch_size=self.batch, prefetch=depth or None)
+
+    def sample_time_us(self) -> float:
+        """The median sample() without prefetch, over about a second of calls."""
+        buffer = self.buffer(0)
+        started = time.perf_counter()
+        buffer.sample()
+        calls = max(10, min(300, int(1.0 / (time.perf_counter() - started))))
+        times = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            buffer.sample()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times) * 1e6
+
+    def learner(self, work: Callable[[], None], steps: int, depth: int) -> Dict[str, Any]:
+        """As learner(): sample() (from the prefetch queue when `depth`), the step, then
+        update_priority of the sampled rows."""
+        buffer = self.buffer(depth)
+        buffer.sample()   # with prefetch: the pool started, `depth` batches on their way
+        waits, updates = [], []
+        started = time.perf_counter()
+        for _ in range(steps):
+            asked = time.perf_counter()
+            sampled = buffer.sample()
+            waits.append(time.perf_counter() - asked)
+            work()
+            asked = time.perf_counter()
+            buffer.update_priority(sampled["index"], self.priorities)
+            updates.append(time.perf_counter() - asked)
+        elapsed = time.perf_counter() - started
+        buffer.shutdown()
+        return loop_result(waits, updates, elapsed)
+
+
+def torchrl_apex(capacity: int) -> TorchRLPrefetch:
+    """The apex rows in TorchRL (benchmarks/_libraries.py's filled TorchRL buffer)."""
+    from benchmarks import _libraries  # noqa: PLC0415
+
+    api = _libraries.TorchRLApi(importlib.import_module("torchrl"), capacity, 0)
+    return TorchRLPrefetch(api.buffer, 256)
+
+
+def torchrl_pixels(capacity: int) -> TorchRLPrefetch:
+    """The pixel rows in TorchRL: the same episodes, obs and next_obs stored whole (TorchRL
+    has no frame stacking in its storage), random priorities."""
+    import torch  # noqa: PLC0415
+    from tensordict import TensorDict  # noqa: PLC0415
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer  # noqa: PLC0415
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(capacity),
+        sampler=PrioritizedSampler(capacity, alpha=_common.ALPHA, beta=_common.BETA,
+                                   eps=_common.EPS))
+    rng = np.random.default_rng(1)
+    for episode in pixel_episodes(capacity):
+        written = buffer.extend(TensorDict(
+            {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in
+             episode.items()}, batch_size=[PIXEL_EPISODE]))
+        buffer.update_priority(written, torch.from_numpy(
+            _common.random_priorities(rng, PIXEL_EPISODE)))
+    return TorchRLPrefetch(buffer, 32)
 
 
 def limited_run(cpprb_ray: Any, capacity: int, steps: int) -> Dict[str, Any]:
@@ -298,6 +462,13 @@ def main() -> None:
     parser.add_argument("--depths", default="2,4",
                         help="prefetch depths to run, comma-separated (default 2,4)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--peers", nargs="+", choices=list(PEERS) + ["none"],
+                        help="only these peers (default: every one importable here; none: "
+                             "ours alone)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"the parts to run, comma-separated (default {','.join(WORKLOADS)})")
+    parser.add_argument("--sequence-steps", type=int, default=None,
+                        help="steps in the sequence buffer (default 2**18; --quick 2**14)")
     parser.add_argument("--threads", choices=("numpy", "torch"), default="numpy",
                         help="the learner's math library in the threads runs (torch: where "
                              "it is installed)")
@@ -324,32 +495,76 @@ def main() -> None:
                 json.dump({"threads": threads}, handle, indent=1)
         return
     depths = [int(depth) for depth in args.depths.split(",")]
+    workloads = args.workloads.split(",")
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"--workloads expects some of {','.join(WORKLOADS)}; got {unknown}")
     cpprb_ray = _common.import_cpprb_ray()
     info = _common.run_info(args.quick)
+    peers, skipped = wanted_peers(args.peers)
+    info["peers"], info["skipped"] = sorted(peers), skipped
     print(_common.header(info), flush=True)
+    for key, why in skipped.items():
+        print(f"{key}: skipped ({why})", flush=True)
     rows: List[Dict[str, Any]] = []
-    rb = apex_buffer(cpprb_ray, 1 << (16 if args.quick else 20))
-    try:
-        rows += run_workload("apex", rb, 256, steps, depths)
-    finally:
-        rb.close()
-    rb = pixel_buffer(cpprb_ray, 1 << (13 if args.quick else 15))
-    try:
-        rows += run_workload("pixels", rb, 32, steps, depths)
-    finally:
-        rb.close()
-    limited = limited_run(cpprb_ray, 1 << 16, steps)
-    print(f"apex, rate-limited (samples_per_insert {limited['samples_per_insert']:g}): "
-          f"{limited['samples']} samples / {limited['inserts']} inserts = "
-          f"{limited['ratio']:.3f}; diff seen {limited['diff_seen']} in window "
-          f"{limited['diff_window']}: {limited['in_window']}; learner wait "
-          f"{limited['wait_us']:.1f} us per batch", flush=True)
-    threads = threads_runs(steps, args.threads, capacity, args.rounds)
+    # (the buffer's maker, its log2 rows with --quick and without, TorchRL's rows, the batch)
+    plain = {"apex": (apex_buffer, 16, 20, torchrl_apex, 256),
+             "pixels": (pixel_buffer, 13, 15, torchrl_pixels, 32)}
+    for name, (make, quick_log2, log2, make_peer, batch) in plain.items():
+        if name in workloads:
+            rb = make(cpprb_ray, 1 << (quick_log2 if args.quick else log2))
+            try:
+                peer = make_peer(rb.get_buffer_size()) if "torchrl" in peers else None
+                rows += run_workload(name, rb, batch, steps, depths, peer)
+            finally:
+                rb.close()
+    if "sequences" in workloads:
+        size = args.sequence_steps or (1 << (14 if args.quick else 18))
+        handles = sequences.sequence_handles(cpprb_ray, size)
+        try:
+            torchrl = sequences.TorchRLSequences(size) if "torchrl" in peers else None
+            started = time.perf_counter()
+            sequences.fill(handles, size, peers=[torchrl] if torchrl else [])
+            print(f"sequences: filled {size} steps in {time.perf_counter() - started:.1f} s: "
+                  f"{handles[0].get_stored_size()} sequences of {sequences.LENGTH}", flush=True)
+            peer = (TorchRLPrefetch(torchrl.buffer, sequences.BATCH * sequences.LENGTH,
+                                    sequences.LENGTH) if torchrl else None)
+            rows += run_workload("sequences", handles[0], sequences.BATCH, steps, depths, peer)
+        finally:
+            for handle in handles[::-1]:
+                handle.close()
+    limited = None
+    if "limited" in workloads:
+        limited = limited_run(cpprb_ray, 1 << 16, steps)
+        print(f"apex, rate-limited (samples_per_insert {limited['samples_per_insert']:g}): "
+              f"{limited['samples']} samples / {limited['inserts']} inserts = "
+              f"{limited['ratio']:.3f}; diff seen {limited['diff_seen']} in window "
+              f"{limited['diff_window']}: {limited['in_window']}; learner wait "
+              f"{limited['wait_us']:.1f} us per batch", flush=True)
+    threads = (threads_runs(steps, args.threads, capacity, args.rounds)
+               if "threads" in workloads else [])
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"info": info, "rows": rows, "limited": limited, "threads": threads},
                       handle, indent=1)
+
+
+def wanted_peers(asked: Sequence[str] | None) -> tuple:
+    """({key} of the peers asked for (by default every one) that import here, {key: why
+    not})."""
+    peers, skipped = set(), {}
+    for key in PEERS:
+        if asked is not None and key not in asked:
+            skipped[key] = "not asked for (--peers)"
+            continue
+        try:
+            importlib.import_module(key)
+            peers.add(key)
+        except ImportError as error:
+            skipped[key] = (f"not importable in this interpreter ({error}); `make "
+                            f"bench-peers`, then run this script with .venv-{key}/bin/python")
+    return peers, skipped
 
 
 if __name__ == "__main__":

@@ -125,6 +125,15 @@ def fill(handles, steps: int, seed: int = 0, peers=()) -> None:
             peer.end_stream()
 
 
+def sequence_handles(cpprb_ray, size: int) -> list:
+    """The sequence buffer of `size` steps (the layout above, alpha 0.9) and LANES handles to
+    it, this process's first: fill() writes through them, one lane each."""
+    rb = cpprb_ray.PrioritizedReplayBuffer(size, env(), alpha=0.9, lanes=LANES, seed=0,
+                                           sequence={"length": LENGTH, "period": PERIOD})
+    return [rb] + [cpprb_ray.PrioritizedReplayBuffer.attach(rb.name, seed=k)
+                   for k in range(1, LANES)]
+
+
 class TorchRLSequences:
     """TorchRL's sequence sampling: a PrioritizedSliceSampler over a LazyTensorStorage, filled
     with the same steps (an "episode" id per step: its slices never cross one)."""
@@ -436,10 +445,8 @@ def main(argv=None) -> int:
     cpprb_ray = _common.import_cpprb_ray()
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth (one core, 256 MiB): {bandwidth / 1e9:.1f} GB/s moved")
-    rb = cpprb_ray.PrioritizedReplayBuffer(size, env(), alpha=0.9, lanes=LANES, seed=0,
-                                           sequence={"length": LENGTH, "period": PERIOD})
-    handles = [rb] + [cpprb_ray.PrioritizedReplayBuffer.attach(rb.name, seed=k)
-                      for k in range(1, LANES)]
+    handles = sequence_handles(cpprb_ray, size)
+    rb = handles[0]
     peers, skipped = make_peers(args.peers or list(PEERS), size)
     for key, why in skipped.items():
         print(f"{PEERS[key][1]}: skipped ({why})")

@@ -414,3 +414,23 @@ def test_sequences_runs_ours_alone_and_writes_its_rows(tmp_path):
     # 20 bytes a sequence: its index, weight and generation.
     assert payload["floor"]["bytes"] == 64 * (120 * (2320 + 1) + 20)
     assert payload["memory"]["steps"] == 4096
+
+
+def test_prefetch_sequence_rows_run_ours_alone(tmp_path):
+    """A real, tiny run of bench_prefetch.py's sequence rows (2^12 steps, 16 lanes, 20 steps a
+    run, depth 2, no peer): a row for each T and way of sampling, the peer said skipped."""
+    out = tmp_path / "prefetch.json"
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "bench_prefetch.py"), "--quick",
+         "--steps", "20", "--depths", "2", "--workloads", "sequences", "--sequence-steps",
+         "4096", "--peers", "none", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    payload = json.loads(out.read_text())
+    assert [(row["library"], row["workload"], row["T_factor"], row["depth"], row["steps"])
+            for row in payload["rows"]] == [
+        ("cpprb_ray", "sequences", factor, depth, 20)
+        for factor in (0.5, 1.0, 2.0) for depth in (None, 2)]
+    assert all(row["wait_us"] > 0 and row["steps_per_s"] > 0 for row in payload["rows"])
+    assert payload["info"]["skipped"] == {"torchrl": "not asked for (--peers)"}
+    assert payload["limited"] is None and payload["threads"] == []
