@@ -162,16 +162,6 @@ def _views(arrays: Dict[str, np.ndarray], tensors: Optional[str]) -> Dict[str, A
             for key, value in arrays.items()}
 
 
-def _owned(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    if hasattr(value, "clone"):   # torch
-        return value.clone()
-    # JAX dispatches the copy and returns at once: wait for it, since the set it reads is
-    # given back to the thread (and refilled) as soon as this returns.
-    return importlib.import_module("jax.numpy").array(value, copy=True).block_until_ready()
-
-
 def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: int,
          beta: Beta, takes_beta: bool, timeout: Optional[float],
          allocate: Callable[[np.ndarray], np.ndarray]) -> None:
@@ -358,15 +348,20 @@ class Prefetch:
             raise failed
         k = self.batches
         self.batches = k + 1
-        views = self._views[k % self._depth]
-        if views is None:
-            views = self._views_of(k % self._depth)
         if self._copy:
-            batch = {key: _owned(value) for key, value in views.items()}
+            # The set's arrays copied by numpy, then made tensors: a tensor library's own copy
+            # of a tensor over the set may share it (JAX takes its arrays for immutable, and
+            # its copy of one over memory it does not own came back refilled by the thread).
+            arrays = ring.sets[k % self._depth]
+            assert arrays is not None   # filled before its batch was queued
+            batch = _views({key: value.copy() for key, value in arrays.items()}, self._tensors)
             ring.released = released = ring.released + 1
             if released >= ring.wake_at:
                 _wake(ring.thread_wake)
             return batch
+        views = self._views[k % self._depth]
+        if views is None:
+            views = self._views_of(k % self._depth)
         self._held = True
         return views.copy()
 
