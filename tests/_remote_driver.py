@@ -649,7 +649,9 @@ def check_failures(user: Any, here: str) -> None:
         before = rb.stats()["inserts"]
         looping = add_forever_task.remote(rb, 1_000_000, batch)
         wait_for(lambda: rb.stats()["inserts"] >= before + 20 * batch, 30.0, "the task's rows")
-        ray.cancel(looping, force=True)
+        # Not recursive: Ray would cancel the task's call to the proxy first, and the task
+        # could end on that call's error instead of being killed.
+        ray.cancel(looping, force=True, recursive=False)
         try:
             ray.get(looping, timeout=TIMEOUT)
             raise AssertionError("the cancelled task returned")
