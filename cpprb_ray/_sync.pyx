@@ -12,7 +12,7 @@ It also holds the futex calls that the rate limiter's blocked calls sleep on (``
 
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
-from libc.stdint cimport uint32_t, uintptr_t
+from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime
 from libc.string cimport memset
 
@@ -102,12 +102,14 @@ cdef inline int lock_result(int status) noexcept nogil:
 cdef int made_kind() noexcept nogil:
     """The kind word (the int after the lock word, count, owner and users: glibc's __kind)
     that mutex_init leaves, read from a scratch mutex made the same way."""
-    cdef pthread_mutex_t scratch
+    # MUTEX_BYTES (64), as a segment reserves: mutex_init clears all of them. 8-byte aligned.
+    cdef uint64_t scratch[8]
+    cdef pthread_mutex_t* mutex = <pthread_mutex_t*>scratch
     cdef int kind
-    if mutex_init(&scratch):
+    if mutex_init(mutex):
         return -1
-    kind = (<const int*>&scratch)[KIND_INT]
-    pthread_mutex_destroy(&scratch)
+    kind = (<const int*>mutex)[KIND_INT]
+    pthread_mutex_destroy(mutex)
     return kind
 
 
