@@ -752,6 +752,16 @@ def check_laned_sequences(user: Any, here: str) -> None:
         assert sequence_streams.check(everything, seed_of) == rb.get_stored_size() > 10
         print(f"laned sequences: {checked} sampled while the remote handle wrote", flush=True)
         assert _workers.tree_problems(rb._store.check_tree()) == []
+        # save() through the proxy (a format-3 file: the sequences), loaded here: the same
+        # sequences, each the oracle's, sampled as in the original.
+        ray.get(user.keep.remote(rb), timeout=TIMEOUT)
+        path = os.path.join(os.path.dirname(os.path.abspath(sys.argv[2])), "sequences.ckpt")
+        assert ray.get(user.save_and_clear.remote(path), timeout=TIMEOUT) == 0
+        with cpprb_ray.PrioritizedReplayBuffer.load(path, seed=2) as copy:
+            loaded = copy.get_all_transitions()
+            for key in everything:
+                assert np.array_equal(everything[key], loaded[key]), key
+            assert sequence_streams.check(copy.sample(16), seed_of) == 16
     finally:
         rb.close()
 

@@ -107,7 +107,8 @@ def test_laned_buffers_through_remote_writers(remote_results):
 
 def test_sequence_buffers_through_remote_writers(remote_results):
     """A sequence buffer written by a remote handle (its writer, with its stream, in the
-    proxy): every sequence sampled meanwhile and at the end is, step by step, the oracle's."""
+    proxy): every sequence sampled meanwhile and at the end is, step by step, the oracle's;
+    saved through the proxy and loaded here, the same sequences."""
     _check(remote_results, "laned_sequences")
 
 
