@@ -7,7 +7,6 @@ DQN target against values worked out by hand.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,16 +17,13 @@ import pytest
 
 import cpprb_ray
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = os.path.join(REPO, "examples")
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+
+from _examples import EXAMPLES, load  # noqa: E402
+
 APEX = os.path.join(EXAMPLES, "apex.py")
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLES, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 dqn = load("dqn_numpy")

@@ -8,7 +8,6 @@ real in a subprocess (its own local Ray, real actors, the shared buffer) on a sh
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,16 +16,13 @@ import sys
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = os.path.join(REPO, "examples")
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+
+from _examples import EXAMPLES, load  # noqa: E402
+
 R2D2_SCRIPT = os.path.join(EXAMPLES, "r2d2.py")
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLES, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 rnn = load("r2d2_numpy")
