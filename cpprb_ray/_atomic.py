@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import threading
 from typing import Any, List, Optional, Sequence, Set
 
 __all__ = ["remove_stale_temporaries", "write_atomically"]
@@ -23,8 +22,10 @@ _ANONYMOUS_TEMPORARY = True
 # exception from a signal handler (KeyboardInterrupt, SystemExit on SIGTERM) can land between
 # any two steps of a save, even inside its cleanup, and a process that lives on would keep such
 # a name for good, were only dead processes' temporaries removed.
+# No lock guards it: set.add, set.discard and `in` are each atomic under the GIL, and a lock
+# taken by `with` can be left held by a signal handler's exception that lands between its
+# acquire and the block (the next save then waited for ever: seen on Python 3.7).
 _WRITING: Set[str] = set()
-_WRITING_LOCK = threading.Lock()
 
 
 def _temporary_prefix(base: str) -> str:
@@ -56,8 +57,7 @@ def write_atomically(file: str, chunks: Sequence[Any]) -> None:
     remove_stale_temporaries(file)
     temporary = os.path.join(directory, f"{_temporary_prefix(base)}{socket.gethostname()}."
                                         f"{os.getpid()}.{secrets.token_hex(4)}{_TEMPORARY_SUFFIX}")
-    with _WRITING_LOCK:
-        _WRITING.add(temporary)
+    _WRITING.add(temporary)
     fd = _open_anonymous(directory)
     anonymous = fd is not None
     # `named` is set before each step that can give the temporary its name, never after: an
@@ -90,8 +90,7 @@ def write_atomically(file: str, chunks: Sequence[Any]) -> None:
         named = False
     finally:
         # Forgotten first, so that whatever is interrupted after it, the next save removes it.
-        with _WRITING_LOCK:
-            _WRITING.discard(temporary)
+        _WRITING.discard(temporary)
         if named:
             try:
                 os.unlink(temporary)
@@ -172,9 +171,8 @@ def remove_stale_temporaries(file: Any) -> List[str]:
             continue
         path = os.path.join(directory, name)
         if int(parts[1]) == os.getpid():
-            with _WRITING_LOCK:
-                if path in _WRITING:
-                    continue          # a save of this process (another thread's) writes it
+            if path in _WRITING:
+                continue              # a save of this process (another thread's) writes it
         elif _process_exists(int(parts[1])):
             continue
         try:
