@@ -2,7 +2,9 @@
 # Included by _store.pyx: the rate limiter's side of THE driver. A call declares its side and
 # rows (ReplayStore.run's arguments); the driver admits it under the lock before the kernel runs
 # (store_admits), settles its wait after, and sleeps on its gate between tries. Nothing else
-# decides admission.
+# decides admission. The limiter's refusals live here too, as functions of the store: a record
+# no constructor writes (check_limiter), a call no state ever admits (check_admissible), a call
+# held back past its timeout (raise_rate_limited).
 
 cdef enum:
     WAKE_INSERTERS = 1
@@ -122,3 +124,70 @@ def describe_limiter(state):
     return (f"{state['kind']}(samples_per_insert={state['samples_per_insert']:g}, "
             f"min_size_to_sample={state['min_size_to_sample']}, min_diff={state['min_diff']:g}, "
             f"max_diff={state['max_diff']:g})")
+
+
+# -- the limiter's refusals, as the driver and the constructor raise them -------------------------
+
+cdef int check_limiter(ReplayStore store) except -1:
+    """Refuse a limiter record that no constructor writes (its parameters steer waits)."""
+    cdef Limiter* limiter = store.view.limiter
+    cdef str problem = None
+    if limiter.kind == LIMITER_NONE:
+        return 0
+    if limiter.kind not in LIMITER_KINDS:
+        problem = f"kind {limiter.kind}"
+    elif not limiter.samples_per_insert > 0 or isnan(limiter.min_diff) or isnan(
+            limiter.max_diff) or not limiter.max_diff >= limiter.min_diff:
+        problem = (f"samples_per_insert {limiter.samples_per_insert}, min_diff "
+                   f"{limiter.min_diff}, max_diff {limiter.max_diff}")
+    elif not 1 <= limiter.min_size_to_sample <= <uint64_t>store.view.capacity:
+        problem = f"min_size_to_sample {limiter.min_size_to_sample}"
+    if problem is None:
+        return 0
+    PyBuffer_Release(&store._buffer)
+    store._has_buffer = False
+    raise ValueError(f"the buffer's segment is corrupt: its rate limiter record has "
+                     f"{problem}, which no constructor writes")
+
+
+cdef int check_admissible(ReplayStore store, int side, int64_t rows) except -1:
+    """NeverAdmitted (a ValueError) when no state of the limiter ever admits `rows` rows of
+    `side` at once: waiting would be forever."""
+    if not store.view.limited or not limiter_never_admits(
+            store.view.limiter, side, store.view.capacity, rows):
+        return 0
+    state = limiter_state(store.view.header, store.view.limiter)
+    if side == SIDE_SAMPLE:
+        raise NeverAdmitted(
+            f"batch_size {rows} can never be sampled at once under {describe_limiter(state)}: "
+            f"a sample of k rows needs inserts * samples_per_insert - samples - k >= "
+            f"min_diff, and that diff never exceeds max(max_diff, min_size_to_sample * "
+            f"samples_per_insert); sample fewer rows or widen the error_buffer")
+    raise NeverAdmitted(
+        f"an add of {rows} rows can never be admitted at once under "
+        f"{describe_limiter(state)}: past min_size_to_sample it needs (inserts + k) * "
+        f"samples_per_insert - samples <= max_diff, and the diff never falls below "
+        f"min(0, min_diff); add fewer rows at a time or widen the error_buffer")
+
+
+cdef int raise_rate_limited(ReplayStore store, RateCall* rate) except -1:
+    """TimeoutError for a call the limiter held back past its timeout: what it was, the rule
+    that held it, and the counts now."""
+    state = limiter_state(store.view.header, store.view.limiter)
+    if rate.side == SIDE_INSERT:
+        what = f"add of {rate.rows} row{'s' if rate.rows != 1 else ''}"
+        rule = ("it lets an add of k rows go when the stored size after it is <= "
+                "min_size_to_sample, or (inserts + k) * samples_per_insert - samples <= "
+                "max_diff")
+        undone = "nothing was added"
+    else:
+        what = f"sample of {rate.rows} row{'s' if rate.rows != 1 else ''}"
+        rule = ("it lets a sample of k rows go when the stored size is >= "
+                "min_size_to_sample and inserts * samples_per_insert - samples - k >= "
+                "min_diff")
+        undone = "nothing was sampled"
+    raise TimeoutError(
+        f"{what} held back by the rate limiter for {rate.waited:.3g} s (timeout="
+        f"{rate.timeout:g}): {describe_limiter(state)}; {rule}; now inserts="
+        f"{state['inserts']}, samples={state['samples']}, diff={state['diff']:g}, "
+        f"stored={store.view.header.stored_size}; {undone}")

@@ -52,9 +52,6 @@ cdef class ReplayStore:
                    const int64_t* update_indexes=*) except -1
     cdef Header* header(self) except NULL
     cdef int64_t index_bound(self) noexcept
-    cdef int check_limiter(self) except -1
-    cdef int check_admissible(self, int side, int64_t rows) except -1
-    cdef int raise_rate_limited(self, RateCall* rate) except -1
     cdef int check_interrupted(self) except -1
     cdef object _add(self, values, priorities, double timeout, weighed=*)
     cdef object _sample(self, int64_t batch, double beta, out, double timeout)

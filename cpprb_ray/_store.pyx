@@ -276,7 +276,7 @@ cdef class ReplayStore:
         view_bind(&self.view, <uint8_t*>self._buffer.buf, self.columns.offsets,
                   self.columns.row_bytes, self.columns.count)
         header = self.view.header
-        self.check_limiter()
+        check_limiter(self)
         self.prioritized = header.prioritized != 0 if prioritized is None else bool(prioritized)
         priority_rule(&self.rule, header.alpha, header.eps, self.view.capacity)
         rng_seed(&self.rng, _seed_from(seed))
@@ -289,27 +289,6 @@ cdef class ReplayStore:
     def __dealloc__(self):
         if self._has_buffer:
             PyBuffer_Release(&self._buffer)
-
-    cdef int check_limiter(self) except -1:
-        """Refuse a limiter record that no constructor writes (its parameters steer waits)."""
-        cdef Limiter* limiter = self.view.limiter
-        cdef str problem = None
-        if limiter.kind == LIMITER_NONE:
-            return 0
-        if limiter.kind not in LIMITER_KINDS:
-            problem = f"kind {limiter.kind}"
-        elif not limiter.samples_per_insert > 0 or isnan(limiter.min_diff) or isnan(
-                limiter.max_diff) or not limiter.max_diff >= limiter.min_diff:
-            problem = (f"samples_per_insert {limiter.samples_per_insert}, min_diff "
-                       f"{limiter.min_diff}, max_diff {limiter.max_diff}")
-        elif not 1 <= limiter.min_size_to_sample <= <uint64_t>self.view.capacity:
-            problem = f"min_size_to_sample {limiter.min_size_to_sample}"
-        if problem is None:
-            return 0
-        PyBuffer_Release(&self._buffer)
-        self._has_buffer = False
-        raise ValueError(f"the buffer's segment is corrupt: its rate limiter record has "
-                         f"{problem}, which no constructor writes")
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -366,7 +345,7 @@ cdef class ReplayStore:
         cdef bint limited = side != SIDE_NONE and self.view.limited
         if limited:
             if rows > 0 and side != SIDE_RESET:
-                self.check_admissible(side, rows)
+                check_admissible(self, side, rows)
             rate_start(&rate, side, rows, timeout)
         while True:
             with nogil:
@@ -401,7 +380,7 @@ cdef class ReplayStore:
         if status != ST_OK:
             raise_status(status, self)
         if result == ST_RATE_LIMITED:
-            self.raise_rate_limited(&rate)
+            raise_rate_limited(self, &rate)
         if result < 0:
             raise_status(result, self)
         return result
@@ -424,45 +403,6 @@ cdef class ReplayStore:
             raise InterruptedError("this thread's wait on the buffer was interrupted "
                                    "(interrupt_waits): nothing was done")
         return 0
-
-    cdef int raise_rate_limited(self, RateCall* rate) except -1:
-        state = limiter_state(self.view.header, self.view.limiter)
-        if rate.side == SIDE_INSERT:
-            what = f"add of {rate.rows} row{'s' if rate.rows != 1 else ''}"
-            rule = ("it lets an add of k rows go when the stored size after it is <= "
-                    "min_size_to_sample, or (inserts + k) * samples_per_insert - samples <= "
-                    "max_diff")
-            undone = "nothing was added"
-        else:
-            what = f"sample of {rate.rows} row{'s' if rate.rows != 1 else ''}"
-            rule = ("it lets a sample of k rows go when the stored size is >= "
-                    "min_size_to_sample and inserts * samples_per_insert - samples - k >= "
-                    "min_diff")
-            undone = "nothing was sampled"
-        raise TimeoutError(
-            f"{what} held back by the rate limiter for {rate.waited:.3g} s (timeout="
-            f"{rate.timeout:g}): {describe_limiter(state)}; {rule}; now inserts="
-            f"{state['inserts']}, samples={state['samples']}, diff={state['diff']:g}, "
-            f"stored={self.view.header.stored_size}; {undone}")
-
-    cdef int check_admissible(self, int side, int64_t rows) except -1:
-        """NeverAdmitted (a ValueError) when no state of the limiter ever admits `rows` rows of
-        `side` at once: waiting would be forever."""
-        if not self.view.limited or not limiter_never_admits(
-                self.view.limiter, side, self.view.capacity, rows):
-            return 0
-        state = limiter_state(self.view.header, self.view.limiter)
-        if side == SIDE_SAMPLE:
-            raise NeverAdmitted(
-                f"batch_size {rows} can never be sampled at once under {describe_limiter(state)}: "
-                f"a sample of k rows needs inserts * samples_per_insert - samples - k >= "
-                f"min_diff, and that diff never exceeds max(max_diff, min_size_to_sample * "
-                f"samples_per_insert); sample fewer rows or widen the error_buffer")
-        raise NeverAdmitted(
-            f"an add of {rows} rows can never be admitted at once under "
-            f"{describe_limiter(state)}: past min_size_to_sample it needs (inserts + k) * "
-            f"samples_per_insert - samples <= max_diff, and the diff never falls below "
-            f"min(0, min_diff); add fewer rows at a time or widen the error_buffer")
 
     # -- header fields, read without the lock (aligned 8-byte loads never tear) -----------------
 
@@ -882,13 +822,6 @@ cdef class ReplayStore:
             return arguments.root_sum, sums, arguments.root_min, mins
         finally:
             self.leave()
-
-    def generations_of(self, indexes):
-        """Current generation of each slot (uint64), for tests and diagnostics."""
-        header = self.header()
-        generations = np.ndarray((self.view.capacity,), dtype=np.uint64, buffer=self._memory,
-                                 offset=header.data_offset, strides=(self.view.stride,))
-        return generations[np.asarray(indexes, dtype=np.int64)].copy()
 
     def generations_of(self, indexes):
         """Current generation of each slot (uint64), for tests and diagnostics."""
