@@ -32,10 +32,13 @@ dump
 Then, unless ``--no-busy``, the save while the buffer is in use, as a learner saves for
 preemption: a thread of this process samples 256 rows and updates their priorities in a loop
 (the learner), and two writer processes add batches of 64 rows. Reported: the busy save's
-median over the quiet one's (the goal: at most 1.5), the learner's steps per second during the
-saves over its pace without a save (at least 0.8), and the longest single call (the learner's
-sample + update, a writer's add) while the saves ran (at most 50 ms), beside the longest call
-of the same loops without a save (what the machine's load alone gives). Load: its speed over
+median over the quiet one's (the goal: at most 1.5), with the saving thread's CPU time over
+the quiet save's (the work a busy save adds: its waits for the lock, its hand-overs) and its
+share of a core (CPU time over wall time: what the other busy processes left it), the
+learner's steps per second during the saves over its pace without a save (at least 0.8), and
+the longest single call (the learner's sample + update, a writer's add) while the saves ran
+(at most 50 ms), beside the longest call of the same loops without a save (what the machine's
+load alone gives). Load: its speed over
 ``np.load``'s for the same bytes is the inverse of the ratio "load / numpy load" (the goal: at
 least 0.5). ``--profile-load N`` then profiles N more loads (cProfile, the functions that
 took the most time of their own), to show where a load's time goes.
@@ -109,8 +112,12 @@ def writer(rb: Any, seed: int, stop: Any, longest: Any, ready: Any) -> None:
     rb.close()
 
 
-def busy_saves(rb: Any, file: str, rounds: int, quiet_s: float) -> Dict[str, float]:
-    """Saves while a learner thread samples and updates and two writer processes add."""
+def busy_saves(rb: Any, file: str, rounds: int, quiet_s: float, quiet_cpu_s: float,
+               ) -> Dict[str, float]:
+    """Saves while a learner thread samples and updates and two writer processes add; beside
+    their time, the CPU time of the saving thread (on 2 cores, the three busy processes leave
+    a save about 2/3 of a core: its CPU time over the quiet save's tells the work a busy save
+    adds, its share of a core how much the machine gave it)."""
     import multiprocessing
     import threading
 
@@ -153,9 +160,10 @@ def busy_saves(rb: Any, file: str, rounds: int, quiet_s: float) -> Dict[str, flo
         for value in longest_adds:
             value.value = 0.0
         saves: List[float] = []
+        saves_cpu: List[float] = []
         first, spent = steps[0], 0.0
         for _ in range(rounds):
-            saves.append(timed(lambda: rb.save(file)))
+            saves.append(timed(lambda: rb.save(file), saves_cpu))
             spent += saves[-1]
         pace_saving = (steps[0] - first) / spent
         busy_call = max(calls + [0.0])
@@ -169,16 +177,23 @@ def busy_saves(rb: Any, file: str, rounds: int, quiet_s: float) -> Dict[str, flo
             process.join(60)
     return {"busy_save_median_ms": float(np.median(saves)) * 1e3,
             "busy_over_quiet": float(np.median(saves)) / quiet_s,
+            "busy_cpu_over_quiet_cpu": float(np.median(saves_cpu)) / quiet_cpu_s,
+            "busy_save_core_share": float(np.median(np.array(saves_cpu) / np.array(saves))),
             "learner_pace": pace_saving / pace_alone,
             "longest_learner_call_ms": busy_call * 1e3, "longest_add_ms": busy_add * 1e3,
             "longest_learner_call_without_save_ms": idle_call * 1e3,
             "longest_add_without_save_ms": idle_add * 1e3}
 
 
-def timed(call: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+def timed(call: Callable[[], Any], cpu: Any = None) -> float:
+    """Seconds `call()` took; with `cpu` (a list), the CPU seconds of this thread it took too
+    are appended to it."""
+    start, start_cpu = time.perf_counter(), time.thread_time()
     call()
-    return time.perf_counter() - start
+    took = time.perf_counter() - start
+    if cpu is not None:
+        cpu.append(time.thread_time() - start_cpu)
+    return took
 
 
 def profile_loads(cpprb_ray: Any, file: str, count: int) -> str:
@@ -229,8 +244,9 @@ def main(argv=None) -> int:
         arrays = numpy_arrays(rb)
 
         loaded: List[Any] = []
+        save_cpu: List[float] = []
         for _ in range(plan["rounds"]):
-            times["save"].append(timed(lambda: rb.save(ours_file)))
+            times["save"].append(timed(lambda: rb.save(ours_file), save_cpu))
             times["numpy save"].append(timed(lambda: numpy_save(numpy_file, arrays, True)))
             times["numpy save, no fsync"].append(
                 timed(lambda: numpy_save(numpy_file, arrays, False)))
@@ -242,7 +258,8 @@ def main(argv=None) -> int:
         sizes = {"checkpoint_bytes": os.path.getsize(ours_file),
                  "numpy_bytes": os.path.getsize(numpy_file)}
         busy = ({} if args.no_busy else
-                busy_saves(rb, ours_file, plan["rounds"], float(np.median(times["save"]))))
+                busy_saves(rb, ours_file, plan["rounds"], float(np.median(times["save"])),
+                           float(np.median(save_cpu))))
         profile = profile_loads(cpprb_ray, ours_file, args.profile_load)
     finally:
         rb.close()
@@ -269,6 +286,9 @@ def main(argv=None) -> int:
               f"(median of {plan['rounds']}):")
         print(f"{'busy save, ms':<34}{busy['busy_save_median_ms']:>9.1f}")
         print(f"{'busy save / quiet save':<34}{busy['busy_over_quiet']:>9.2f}   (goal: <= 1.5)")
+        print(f"{'its CPU time / quiet save CPU time':<34}"
+              f"{busy['busy_cpu_over_quiet_cpu']:>9.2f}   (the work a busy save adds)")
+        print(f"{'its share of a core (CPU / wall)':<34}{busy['busy_save_core_share']:>9.2f}")
         print(f"{'learner pace while saving':<34}{busy['learner_pace']:>9.2f}   (goal: >= 0.8)")
         print(f"{'longest learner call, ms':<34}{busy['longest_learner_call_ms']:>9.1f}   "
               f"(goal: <= 50; {busy['longest_learner_call_without_save_ms']:.1f} without a save)")

@@ -517,7 +517,8 @@ cdef void store_restore(StoreView* view, const uint8_t* rows, int64_t stored,
     cdef Header* h = view.header
     cdef int64_t k
     publish_op(&h.op, OP_CLEAR)
-    memcpy(view.rows, rows, <size_t>(stored * view.stride))
+    if rows != <const uint8_t*>view.rows:   # a load reads them into the segment itself
+        memcpy(view.rows, rows, <size_t>(stored * view.stride))
     for k in range(tail_count):
         generation_of(view, stored + k)[0] = tail_generations[k]
     tree_clear_all(&view.tree)

@@ -86,7 +86,7 @@ class Handle:
         try:
             segment = _memory.create(backend, layout.total_size, name=name,
                                      path=None if path is None else os.fspath(path),
-                                     on_open=claim)
+                                     on_open=claim, hot=layout.hot_regions())
         except BaseException:
             for ownership in claimed:
                 ownership.forget()   # create removed the file already
@@ -149,12 +149,13 @@ class Handle:
         # token (see _ownership for every way out of a process that frees it).
         self._ownership = ownership
         self._finalizer = weakref.finalize(self, ownership.free) if ownership is not None else None
-        if store is None:
+        if store is None and ownership is None:
             # Every sample reads the tree's lower levels and the rows at random places: in
-            # 2 MiB pages those reads stop missing the TLB (docs/design.md, "Huge pages").
-            # Last, once the segment is owned: a SIGTERM during the copy (up to about 3 s for
-            # 1 GiB) then frees it like any other.
-            _memory.prefer_huge_pages(segment, self._store.hot_regions())
+            # 2 MiB pages those reads stop missing the TLB (docs/design.md, "Huge pages"). A
+            # new segment got them as it was made (_memory.create's `hot`); one attached may
+            # hold units nobody has made huge yet (its maker's budget, or another kernel's
+            # settings then), and these copies cost up to about 3 s for 1 GiB.
+            _memory.prefer_huge_pages(segment, layout.hot_regions())
 
     def _choose_parts(self) -> None:
         """This handle's writer and sampler (_parts.choose, the one place they are chosen), and

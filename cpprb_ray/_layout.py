@@ -100,6 +100,22 @@ class Layout:
         token = self.meta.get("token")
         return token if isinstance(token, str) else None
 
+    def hot_regions(self) -> List[Tuple[int, int]]:
+        """[(offset, bytes)] of the parts of the segment that every sample reads at random
+        places, the most read first: the tree (each walk reads one line per level), then the
+        rows. What a buffer asks 2 MiB pages for (_memory.create's `hot`,
+        _memory.prefer_huge_pages).
+
+        Examples
+        --------
+        >>> layout = plan(1024, parse_env_dict({"obs": {}}), True, "shm")
+        >>> [offset for offset, _ in layout.hot_regions()] == [layout.tree_offset,
+        ...                                                    layout.data_offset]
+        True
+        """
+        return [(self.tree_offset, _segment.tree_nbytes(self.capacity)),
+                (self.data_offset, self.capacity * self.row_stride)]
+
     def to_json(self) -> bytes:
         return json.dumps({"columns": [c.to_json() for c in self.columns],
                            "row_stride": self.row_stride, "meta": self.meta},

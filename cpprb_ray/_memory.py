@@ -27,10 +27,10 @@ import os
 import pwd
 import secrets
 import tempfile
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from cpprb_ray import _rules
-from cpprb_ray._mapping import Mapping
+from cpprb_ray._mapping import HUGE_PAGE, Mapping
 
 try:  # CPython >= 3.8 on POSIX
     import _posixshmem  # type: ignore[import-not-found,unused-ignore]
@@ -139,15 +139,34 @@ def prefer_huge_pages(segment: Segment, regions: Sequence[Tuple[int, int]],
     >>> unlink("mmap", segment.location)
     True
     """
+    return sum(segment.memory.collapse(offset, length)
+               for offset, length in _budgeted(regions, budget))
+
+
+def _budgeted(regions: Sequence[Tuple[int, int]], budget: int) -> List[Tuple[int, int]]:
+    """What prefer_huge_pages asks 2 MiB pages for: whole regions, in order, while their total
+    stays within `budget`; none when ``CPPRB_RAY_HUGE_PAGES=0``."""
     if os.environ.get("CPPRB_RAY_HUGE_PAGES", "1").strip() == "0":
-        return 0
-    done = 0
+        return []
+    chosen = []
     for offset, length in regions:
         if length > budget:
             break
         budget -= length
-        done += segment.memory.collapse(offset, length)
-    return done
+        chosen.append((offset, length))
+    return chosen
+
+
+def _prefer_huge_pages_first(fd: int, memory: Mapping,
+                             regions: Sequence[Tuple[int, int]]) -> None:
+    """prefer_huge_pages over a file not allocated yet: one page of each 2 MiB unit first
+    (the kernel collapses no unit that holds none), written with pwrite, which a full
+    filesystem answers with ENOSPC where a store through the mapping would be a SIGBUS."""
+    for offset, length in _budgeted(regions, HUGE_PAGE_BUDGET):
+        for unit in range(offset - offset % HUGE_PAGE, offset + length, HUGE_PAGE):
+            if unit + HUGE_PAGE <= len(memory):   # a unit the end cuts cannot be huge
+                os.pwrite(fd, b"\0", unit)
+        memory.collapse(offset, length)
 
 
 def _map(fd: int, size: int) -> Mapping:
@@ -158,13 +177,29 @@ def _map(fd: int, size: int) -> Mapping:
 
 def create(backend: str, size: int, name: Optional[str] = None,
            path: Optional[str] = None,
-           on_open: Optional[Callable[[str, Identity], Any]] = None) -> Segment:
+           on_open: Optional[Callable[[str, Identity], Any]] = None,
+           hot: Sequence[Tuple[int, int]] = ()) -> Segment:
     """Create a zero-filled segment of `size` bytes (mode 0600, never reusing a name).
 
     `on_open(location, identity)` is called as soon as the file exists, before it is filled
     (for hundreds of MiB, a tenth of a second and more): the caller can claim it for freeing
     then, so that a SIGTERM while it is filled does not leave it behind. `identity` is the
-    file's (device, inode); if create then fails, the file is gone when it raises."""
+    file's (device, inode); if create then fails, the file is gone when it raises.
+
+    `hot` ((offset, bytes), the most read first) gets 2 MiB pages as prefer_huge_pages gives
+    them, asked for before the rest of the file is allocated: a unit that holds one page is
+    made huge by zero-filling the rest, where one whose 512 pages were allocated first is
+    copied page by page (7 to 10 times as long: 18 against 50 to 285 ms for 64 MiB here).
+
+    Examples
+    --------
+    >>> segment = create("mmap", 3 * HUGE_PAGE, hot=[(0, 3 * HUGE_PAGE)])
+    >>> bytes(segment.memory[:4]), segment.memory.huge_bytes in (0, 3 * HUGE_PAGE)
+    (b'\\x00\\x00\\x00\\x00', True)
+    >>> segment.close()
+    >>> unlink("mmap", segment.location)
+    True
+    """
     if backend == "shm":
         if path is not None:
             raise ValueError("path= is only for backend='mmap'")
@@ -185,8 +220,21 @@ def create(backend: str, size: int, name: Optional[str] = None,
         if on_open is not None:
             stat = os.fstat(fd)
             on_open(location, (stat.st_dev, stat.st_ino))
-        _reserve(fd, size)
-        memory = _map(fd, size)
+        if hot:
+            os.ftruncate(fd, size)
+            memory = _map(fd, size)
+            try:
+                _prefer_huge_pages_first(fd, memory, hot)
+                _reserve(fd, size)
+            except BaseException:
+                # Its pages freed now, not when the descriptor is closed: the free space that
+                # a failure reports is what is left without this file.
+                memory.close()
+                os.ftruncate(fd, 0)
+                raise
+        else:
+            _reserve(fd, size)
+            memory = _map(fd, size)
     except BaseException as error:
         unlink_on_error()
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):

@@ -25,6 +25,7 @@ against this version's rules, and only then makes a new buffer and restores the 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -33,7 +34,8 @@ import stat
 import struct
 import zipfile
 import zlib
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
@@ -251,9 +253,19 @@ def write_file(file: Any, description: Mapping[str, Any],
 
 
 def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None,
-              ) -> Tuple[Dict[str, Any], Dict[str, memoryview]]:
+              place: Optional[Callable[[Dict[str, int]], Mapping[str, Any]]] = None,
+              check_payload: Optional[Callable[[Dict[str, Any]], Any]] = None,
+              ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(description, {section name: bytes}) of a checkpoint, after every check of the format;
     the description's "format_version" is the prefix's.
+
+    `place({section name: length})`, called once the description is checked, may give
+    sections their own memory ({name: a writable memoryview or a SegmentSpan of that length}:
+    a load reads the rows straight into the new buffer's segment); the others are read into
+    memory allocated here. The checksum covers them all; if it fails, the placed memory holds
+    what was read. `check_payload(sections)` runs once every byte is read, while the last
+    checksums are made; an Exception it raises is raised once the payload's checksum matches
+    (a corrupt payload is reported as such, whatever its bytes look like).
 
     ValueError naming `file` when it is truncated, longer than it says, not a checkpoint, of
     another format version, when a checksum (prefix, description, payload) does not match, or
@@ -319,19 +331,50 @@ def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None
         description["format_version"] = version
         if check is not None:
             check(description)
+        placed = dict(place({name: length for name, (_, length) in spans.items()})
+                      if place is not None else {})
+        for name, target in placed.items():
+            if len(target) != spans[name][1]:
+                raise ValueError(f"place gave section {name!r} {len(target)} bytes, not "
+                                 f"{spans[name][1]}")
+        private = payload_length - sum(spans[name][1] for name in placed)
         try:
-            _rules.check_memory(float(payload_length), "file", os.fspath(file),
+            _rules.check_memory(float(private), "file", os.fspath(file),
                                 "memory for its payload")
         except ValueError as error:
             raise refused(file, str(error)) from None
-        payload = np.empty(payload_length, dtype=np.uint8)
-        got, crc = _read_checksummed(handle, payload.data)
+        payload = np.empty(private, dtype=np.uint8).data
+        sections: Dict[str, Any] = {}
+        pieces: List[Any] = []   # where each byte of the payload goes, in the file's order
+        end = used = 0
+        for name, (offset, length) in sorted(spans.items(), key=lambda item: item[1]):
+            if offset > end:   # the padding that aligns a section: read, and checksummed
+                pieces.append(payload[used:used + offset - end])
+                used += offset - end
+            if name in placed:
+                sections[name] = placed[name]
+            else:
+                sections[name] = payload[used:used + length]
+                used += length
+            pieces.append(sections[name])
+            end = offset + length
+        failed: List[Exception] = []
+
+        def meanwhile() -> None:
+            if check_payload is not None:
+                try:
+                    check_payload(sections)
+                except Exception as error:  # noqa: BLE001 (raised below, after the checksum)
+                    failed.append(error)
+
+        got, crc = _read_checksummed(handle, pieces, meanwhile)
     if got != payload_length:
         raise refused(file, "truncated while it was read")
     if crc != payload_crc:
         raise refused(file, "the payload's checksum does not match (corrupt payload)")
-    return description, {name: payload.data[offset:offset + length]
-                         for name, (offset, length) in spans.items()}
+    if failed:
+        raise failed[0]
+    return description, sections
 
 
 def _parse_description(file: Any, text: bytes, payload_length: int,
@@ -362,18 +405,79 @@ def _parse_description(file: Any, text: bytes, payload_length: int,
     return description, spans
 
 
-def _read_checksummed(handle: Any, view: memoryview) -> Tuple[int, int]:
-    """Fill `view` from `handle` in chunks, each checksummed as it is read: (bytes read, crc32
-    of them). A chunk is still in the cache when its checksum reads it."""
-    filled = crc = 0
-    while filled < len(view):
-        chunk = view[filled:filled + _READ_CHUNK]
-        got = _read_into(handle, chunk)
-        crc = zlib.crc32(chunk[:got], crc)
-        filled += got
-        if got < len(chunk):
-            break
-    return filled, crc
+class SegmentSpan:
+    """`length` bytes of a mapped segment from `offset`: a section that a load reads straight
+    into its new buffer's segment. Its memory is reached only through :meth:`window`, a view
+    released when the ``with`` ends, so that no view (nor a frame of a traceback holding one)
+    keeps the buffer from being closed when the load fails."""
+
+    def __init__(self, memory: Any, offset: int, length: int) -> None:
+        self.memory, self.offset, self.length = memory, offset, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    @contextlib.contextmanager
+    def window(self, start: int, length: int) -> Iterator[memoryview]:
+        """The bytes [start, start + length) of the span, as a view valid inside the ``with``."""
+        begin = self.offset + start
+        with memoryview(self.memory) as whole, whole[begin:begin + length] as part:
+            yield part
+
+
+def _window(piece: Any, start: int, length: int) -> Any:
+    if isinstance(piece, SegmentSpan):
+        return piece.window(start, length)
+    return contextlib.nullcontext(piece[start:start + length])
+
+
+def _odd_generations(rows: Any, count: int, stride: int) -> np.ndarray:
+    """Which of `count` records of `stride` bytes in `rows` have an odd generation (their first
+    8 bytes): a torn record. A new array; no view of `rows` outlives the call."""
+    with _window(rows, 0, len(rows)) as view:
+        generations = np.ndarray((count,), dtype=np.uint64, buffer=view, strides=(stride,))
+        try:
+            return (generations & 1) != 0
+        finally:
+            del generations
+
+
+def _read_checksummed(handle: Any, pieces: Sequence[Any],
+                      meanwhile: Callable[[], Any] = lambda: None) -> Tuple[int, int]:
+    """Fill `pieces` (memoryviews and SegmentSpans) from `handle`, one after the other, in
+    chunks: (bytes read, crc32 of them). A payload of more than two chunks is checksummed on
+    a thread while the next chunk is read (zlib.crc32 and readinto release the GIL; a chunk is
+    still in the cache when its checksum reads it), and `meanwhile()` runs once the reads are
+    done, while the last checksums are made: the read takes about as long as the slower of
+    the two, not their sum."""
+    chunks = [(piece, start, min(_READ_CHUNK, len(piece) - start)) for piece in pieces
+              for start in range(0, len(piece), _READ_CHUNK)]
+    crc = [0]
+
+    def absorb(piece: Any, start: int, length: int) -> None:
+        # One worker, first in first out: the chunks are checksummed in the file's order.
+        with _window(piece, start, length) as chunk:
+            crc[0] = zlib.crc32(chunk, crc[0])
+
+    filled = 0
+    worker = ThreadPoolExecutor(max_workers=1) if len(chunks) > 2 else None
+    try:
+        for piece, start, length in chunks:
+            with _window(piece, start, length) as chunk:
+                got = _read_into(handle, chunk)
+            if worker is None:
+                absorb(piece, start, got)
+            else:
+                worker.submit(absorb, piece, start, got)
+            filled += got
+            if got < length:
+                break
+        if filled == sum(length for _, _, length in chunks):
+            meanwhile()
+    finally:
+        if worker is not None:
+            worker.shutdown(wait=True)   # no checksum reads any piece once this returns
+    return filled, crc[0]
 
 
 def _read_exactly(handle: Any, length: int) -> bytes:
@@ -504,14 +608,19 @@ class _Checkpoint:
     `backend` and `path`) before its payload is read, its payload's values after."""
 
     def __init__(self, file: Any, cls: Any = None, backend: str = "auto",
-                 path: Any = None) -> None:
+                 path: Any = None,
+                 place: Optional[Callable[[_Checkpoint], Mapping[str, Any]]] = None) -> None:
+        # place(self): read_file's, given this checkpoint once its description is checked.
         self.file = file
         self.cls, self.backend, self.path = cls, backend, path
-        description, sections = read_file(file, self._check_description)
+        read_file(file, self._check_description, None if place is None else lambda _: place(self),
+                  self._check_payload)
+
+    def _check_payload(self, sections: Dict[str, Any]) -> None:
         try:
             self._parse_payload(sections)
         except _DESCRIPTION_ERRORS as error:
-            raise refused(file, f"its contents are inconsistent ({error})") from None
+            raise refused(self.file, f"its contents are inconsistent ({error})") from None
 
     def _check_description(self, description: Dict[str, Any]) -> None:
         try:
@@ -729,9 +838,7 @@ class _Checkpoint:
             raise ValueError(f"leaf {bad} is {float(leaves[bad])!r}, more than the "
                              f"{heaviest:.3g} that keeps the total of {self.capacity} slots "
                              f"finite")
-        generations = np.ndarray((self.stored_size,), dtype=np.uint64, buffer=self.rows,
-                                 strides=(self.row_stride,))
-        torn = (generations & 1).astype(bool) & (leaves != 0.0)
+        torn = _odd_generations(self.rows, self.stored_size, self.row_stride) & (leaves != 0.0)
         if torn.any():
             raise ValueError(f"slot {int(np.flatnonzero(torn)[0])} is torn (odd generation) "
                              f"but has a weight")
@@ -811,8 +918,10 @@ class _Checkpoint:
             buffer._image.restore(self.rows, self.leaves, self.lanes, self.next_index,
                                   self.max_priority, self.rows_added, *self.limiter_counts)
         else:
-            buffer._image.restore(self.rows, self.tail, self.leaves, self.next_index,
-                                  self.max_priority, self.rows_added, *self.limiter_counts)
+            # Rows read into the buffer's segment already are restored where they lie.
+            with _window(self.rows, 0, len(self.rows)) as rows:
+                buffer._image.restore(rows, self.tail, self.leaves, self.next_index,
+                                      self.max_priority, self.rows_added, *self.limiter_counts)
 
     def matches(self, layout: Any) -> bool:
         # A laned layout's lane config (lanes, frame columns, the lane table's offset) must be
@@ -871,21 +980,32 @@ def load(cls: Type[Any], file: Any, *, backend: str = "auto", name: Optional[str
     ...         print(copy.get_stored_size(), copy.get_max_priority())
     2 4.0
     """
-    saved = _Checkpoint(file, cls, backend, path)
-    target = saved.target
-    options: Dict[str, Any] = {"alpha": saved.alpha, "eps": saved.eps} if saved.prioritized else {}
-    buffer = target(saved.size, saved.env_dict, backend=backend, name=name, path=path,
-                    seed=seed, lock_timeout=lock_timeout, Nstep=saved.nstep,
-                    rate_limiter=saved.limiter, **saved.lane_options, **options)
-    try:
-        if not saved.matches(buffer._layout):
+    made: List[Any] = []
+
+    def place(saved: _Checkpoint) -> Dict[str, Any]:
+        # The buffer, made once the description is checked and before the payload is read: a
+        # ring's rows are read straight into its segment, where the restore leaves them.
+        options = {"alpha": saved.alpha, "eps": saved.eps} if saved.prioritized else {}
+        made.append(saved.target(saved.size, saved.env_dict, backend=backend, name=name,
+                                 path=path, seed=seed, lock_timeout=lock_timeout,
+                                 Nstep=saved.nstep, rate_limiter=saved.limiter,
+                                 **saved.lane_options, **options))
+        layout = made[0]._layout
+        if not saved.matches(layout):
             raise refused(file, "its row layout differs from the one this cpprb_ray makes for "
                                 "its env_dict (written by another version)")
-        saved.restore_into(buffer)
+        if saved.lane_meta is not None:
+            return {}
+        return {"rows": SegmentSpan(made[0]._segment.memory, layout.data_offset,
+                                    saved.stored_size * layout.row_stride)}
+
+    try:
+        _Checkpoint(file, cls, backend, path, place).restore_into(made[0])
     except BaseException:
-        buffer.close()
+        for buffer in made:
+            buffer.close()
         raise
-    return buffer
+    return made[0]
 
 
 # -- cpprb's transitions files (ReplayBuffer.save_transitions / load_transitions) -----------------

@@ -540,6 +540,49 @@ def test_a_refused_load_leaves_no_segment(saved):
         cpprb_ray.PrioritizedReplayBuffer.load(file, backend="mmap")
 
 
+@pytest.fixture
+def saved_large(tmp_path):
+    """A prioritized checkpoint of more than three read chunks (the checksums then run on a
+    thread while the reads go on) whose rows a load reads into its new segment."""
+    file = tmp_path / "large.ckpt"
+    env = {"obs": {"shape": 4096, "dtype": np.uint8}, "rew": {}}
+    with cpprb_ray.PrioritizedReplayBuffer(2**14, env) as rb:
+        rng = np.random.default_rng(3)
+        for _ in range(4):
+            rb.add(obs=rng.integers(0, 255, (4096, 4096), dtype=np.uint8),
+                   rew=rng.random(4096), priorities=rng.random(4096) + 0.1)
+        rb.save(file)
+        assert os.path.getsize(file) > 3 * checkpoint._READ_CHUNK
+        with cpprb_ray.PrioritizedReplayBuffer.load(file) as copy:
+            assert_same_state(rb, copy)
+    return file, file.read_bytes()
+
+
+def test_a_large_load_refused_for_its_payload_frees_its_segment(saved_large):
+    """A flipped byte in the rows (read into the new segment, checksummed on a thread), and a
+    payload whose checksums match but whose rows are inconsistent (a torn row with a weight,
+    found while the last checksums are made): each load is refused, its segment freed and its
+    name free again (the autouse fixture fails the test if a segment leaks)."""
+    file, data = saved_large
+    name = f"cpprb_ray_test_large_load_{os.getpid()}"
+    corrupt = bytearray(data)
+    corrupt[len(data) // 2] ^= 0x10
+    file.write_bytes(bytes(corrupt))
+    with refused(file, "payload's checksum does not match"):
+        cpprb_ray.PrioritizedReplayBuffer.load(file, name=name)
+    file.write_bytes(data)
+
+    def tear(description, sections):
+        sections["rows"][description["row_stride"] * 5] |= 1   # slot 5's generation: odd
+
+    _crafted(file, tear)
+    with refused(file, "slot 5 is torn"):
+        cpprb_ray.PrioritizedReplayBuffer.load(file, name=name)
+    file.write_bytes(data)
+    with cpprb_ray.PrioritizedReplayBuffer.load(file, name=name) as copy:
+        assert copy.name == name and copy.get_stored_size() == 2**14
+
+
 def test_save_errors(tmp_path):
     with cpprb_ray.ReplayBuffer(4, ENV) as rb:
         rb.add(**rows(0, 2))

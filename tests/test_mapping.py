@@ -201,7 +201,7 @@ def _attached_huge_bytes(name: str, queue) -> None:
 def test_a_buffer_asks_for_huge_pages_for_its_tree_and_rows():
     with cpprb_ray.PrioritizedReplayBuffer(2**18, {"obs": {"shape": 4}}) as rb:
         memory = rb._segment.memory
-        (tree_at, tree_bytes), (rows_at, rows_bytes) = rb._store.hot_regions()
+        (tree_at, tree_bytes), (rows_at, rows_bytes) = rb._layout.hot_regions()
         # The units the two regions touch, less a last unit cut by the end of the segment.
         first, end = min(tree_at, rows_at) // HUGE_PAGE, -(-max(tree_at + tree_bytes,
                                                                rows_at + rows_bytes) // HUGE_PAGE)
