@@ -345,9 +345,8 @@ cdef int64_t tree_search(const TreeView* view, double* masses, int64_t* out,
     (a stray write, a hostile process) is caught on every walk that passes it.
     """
     cdef int64_t corrupt = 0
-    cdef int64_t k, chosen, node
-    cdef int level, c
-    cdef double mass
+    cdef int64_t k
+    cdef int level
     cdef double prefix[FANOUT + 1]
     cdef const double* children
     cdef const double* below
@@ -357,39 +356,60 @@ cdef int64_t tree_search(const TreeView* view, double* masses, int64_t* out,
     for level in range(view.depth, 0, -1):
         below = view.sums + view.offsets[level - 1]
         here = view.sums + view.offsets[level]
+        if level == view.depth:
+            # Every walk starts at the root: its children's prefix sums, and their check
+            # against it, once for the batch (each walk met that node: each is counted).
+            prefix_sums(below, prefix)
+            if prefix[FANOUT] != here[0]:
+                corrupt += count
+            for k in range(count):
+                corrupt += descend(view, level, below, prefix, masses, out, k)
+            continue
         for k in range(count):
             children = below + (out[k] << FANOUT_BITS)
-            mass = masses[k]
-            # Branch-free: the chosen child is the number of prefix sums <= mass. A zero child
-            # has the same prefix as its left neighbour, so it can never be the one chosen.
             prefix_sums(children, prefix)
             # The walk's node (read on the level above: in the cache) must be their sum.
             if prefix[FANOUT] != here[out[k]]:
                 corrupt += 1       # (NaN != NaN: a NaN anywhere among them is caught too)
-            chosen = 0
-            for c in range(1, FANOUT + 1):
-                chosen += prefix[c] <= mass
-            if chosen == FANOUT:
-                # Rounding left more mass than this node holds: go to the last positive child
-                # and keep going right-most below it.
-                chosen = FANOUT - 1
-                while chosen > 0 and not children[chosen] > 0.0:
-                    chosen -= 1
-                mass = INFINITY
-            else:
-                mass -= prefix[chosen]
-            masses[k] = mass
-            node = (out[k] << FANOUT_BITS) + chosen
-            # Only a padding node that is not 0 (a corrupt segment) can be chosen past the live
-            # nodes, and below it the walk would read outside the tree: stay on the last one.
-            if node >= view.counts[level - 1]:
-                node = view.counts[level - 1] - 1
-                corrupt += 1
-            out[k] = node
-            if level > 1:
-                # Ask for the line this walk reads on the next level now: the rest of the
-                # batch is walked before it is needed, so its cache miss is hidden.
-                prefetch(view.sums + view.offsets[level - 2] + (node << FANOUT_BITS))
+            corrupt += descend(view, level, children, prefix, masses, out, k)
+    return corrupt
+
+
+cdef inline int descend(const TreeView* view, int level, const double* children,
+                        const double* prefix, double* masses, int64_t* out,
+                        int64_t k) noexcept nogil:
+    """Walk `k`'s step from its node on `level` to one of its `children` (whose prefix sums are
+    `prefix`), taking the mass left of the chosen one off; 1 when a padding node that is not 0
+    steered it past the live nodes (a corrupt tree), else 0."""
+    cdef double mass = masses[k]
+    cdef int64_t chosen = 0, node
+    cdef int c
+    cdef int corrupt = 0
+    # Branch-free: the chosen child is the number of prefix sums <= mass. A zero child has the
+    # same prefix as its left neighbour, so it can never be the one chosen.
+    for c in range(1, FANOUT + 1):
+        chosen += prefix[c] <= mass
+    if chosen == FANOUT:
+        # Rounding left more mass than this node holds: go to the last positive child and keep
+        # going right-most below it.
+        chosen = FANOUT - 1
+        while chosen > 0 and not children[chosen] > 0.0:
+            chosen -= 1
+        mass = INFINITY
+    else:
+        mass -= prefix[chosen]
+    masses[k] = mass
+    node = (out[k] << FANOUT_BITS) + chosen
+    # Only a padding node that is not 0 (a corrupt segment) can be chosen past the live nodes,
+    # and below it the walk would read outside the tree: stay on the last one.
+    if node >= view.counts[level - 1]:
+        node = view.counts[level - 1] - 1
+        corrupt = 1
+    out[k] = node
+    if level > 1:
+        # Ask for the line this walk reads on the next level now: the rest of the batch is
+        # walked before it is needed, so its cache miss is hidden.
+        prefetch(view.sums + view.offsets[level - 2] + (node << FANOUT_BITS))
     return corrupt
 
 
