@@ -113,7 +113,7 @@ def writer(rb: Any, seed: int, stop: Any, longest: Any, ready: Any) -> None:
 
 
 def busy_saves(rb: Any, file: str, rounds: int, quiet_s: float, quiet_cpu_s: float,
-               ) -> Dict[str, float]:
+               quiet_share: float) -> Dict[str, float]:
     """Saves while a learner thread samples and updates and two writer processes add; beside
     their time, the CPU time of the saving thread (on 2 cores, the three busy processes leave
     a save about 2/3 of a core: its CPU time over the quiet save's tells the work a busy save
@@ -179,6 +179,7 @@ def busy_saves(rb: Any, file: str, rounds: int, quiet_s: float, quiet_cpu_s: flo
             "busy_over_quiet": float(np.median(saves)) / quiet_s,
             "busy_cpu_over_quiet_cpu": float(np.median(saves_cpu)) / quiet_cpu_s,
             "busy_save_core_share": float(np.median(np.array(saves_cpu) / np.array(saves))),
+            "quiet_save_core_share": quiet_share,
             "learner_pace": pace_saving / pace_alone,
             "longest_learner_call_ms": busy_call * 1e3, "longest_add_ms": busy_add * 1e3,
             "longest_learner_call_without_save_ms": idle_call * 1e3,
@@ -259,7 +260,8 @@ def main(argv=None) -> int:
                  "numpy_bytes": os.path.getsize(numpy_file)}
         busy = ({} if args.no_busy else
                 busy_saves(rb, ours_file, plan["rounds"], float(np.median(times["save"])),
-                           float(np.median(save_cpu))))
+                           float(np.median(save_cpu)),
+                           float(np.median(np.array(save_cpu) / np.array(times["save"])))))
         profile = profile_loads(cpprb_ray, ours_file, args.profile_load)
     finally:
         rb.close()
@@ -288,7 +290,8 @@ def main(argv=None) -> int:
         print(f"{'busy save / quiet save':<34}{busy['busy_over_quiet']:>9.2f}   (goal: <= 1.5)")
         print(f"{'its CPU time / quiet save CPU time':<34}"
               f"{busy['busy_cpu_over_quiet_cpu']:>9.2f}   (the work a busy save adds)")
-        print(f"{'its share of a core (CPU / wall)':<34}{busy['busy_save_core_share']:>9.2f}")
+        print(f"{'its share of a core (CPU / wall)':<34}{busy['busy_save_core_share']:>9.2f}   "
+              f"({busy['quiet_save_core_share']:.2f} for a quiet save)")
         print(f"{'learner pace while saving':<34}{busy['learner_pace']:>9.2f}   (goal: >= 0.8)")
         print(f"{'longest learner call, ms':<34}{busy['longest_learner_call_ms']:>9.1f}   "
               f"(goal: <= 50; {busy['longest_learner_call_without_save_ms']:.1f} without a save)")
