@@ -57,7 +57,6 @@ import time
 import numpy as np
 
 from cpprb_ray import _rules
-from cpprb_ray._segment import tree_nbytes
 from cpprb_ray._segtree import _seed_from
 
 include "_admission.pxi"
@@ -449,14 +448,6 @@ cdef class ReplayStore:
     @property
     def repairs(self):
         return self.header().repairs
-
-    def hot_regions(self):
-        """[(offset, bytes)] of the parts of the segment that every sample reads at random
-        places, the most read first: the tree (each walk reads one line per level), then the
-        rows. What a handle asks 2 MiB pages for (_memory.prefer_huge_pages)."""
-        cdef Header* h = self.header()
-        return [(<int64_t>h.tree_offset, tree_nbytes(self.view.capacity)),
-                (<int64_t>h.data_offset, self.view.capacity * self.view.stride)]
 
     def counters(self):
         """The header's counters and sizes and the rate limiter's state, as a dict.
