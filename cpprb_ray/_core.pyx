@@ -187,6 +187,38 @@ cdef void store_repair(StoreView* view) noexcept nogil:
     h.repairs += 1
 
 
+cdef extern from *:
+    """
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    #endif
+    /* max(start, v[0..n)) as `v[k] > m` keeps it: a NaN value is passed over, a NaN start
+       stays. With SSE2, maxpd(x, m) is exactly (x > m ? x : m), two values a step. */
+    static CYTHON_INLINE double cpprb_ray_largest(const double* v, int64_t n, double start) {
+        int64_t k = 0;
+        double m = start;
+    #if defined(__SSE2__)
+        __m128d a = _mm_set1_pd(start), b = a, c = a, d = a;
+        double pair[2];
+        for (; k + 8 <= n; k += 8) {
+            a = _mm_max_pd(_mm_loadu_pd(v + k), a);
+            b = _mm_max_pd(_mm_loadu_pd(v + k + 2), b);
+            c = _mm_max_pd(_mm_loadu_pd(v + k + 4), c);
+            d = _mm_max_pd(_mm_loadu_pd(v + k + 6), d);
+        }
+        a = _mm_max_pd(_mm_max_pd(b, a), _mm_max_pd(d, c));
+        _mm_storeu_pd(pair, a);
+        m = pair[1] > pair[0] ? pair[1] : pair[0];
+    #endif
+        for (; k < n; k++)
+            m = v[k] > m ? v[k] : m;
+        return m;
+    }
+    """
+    double largest "cpprb_ray_largest"(const double* values, int64_t count,
+                                       double start) noexcept nogil
+
+
 # -- add ----------------------------------------------------------------------------------------
 
 cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
@@ -205,7 +237,14 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
     cdef double weight, max_priority = h.max_priority
     cdef MaxWeight seen
     cdef uint8_t* record
+    cdef uint8_t* rows
     cdef uint64_t* generation
+    cdef int64_t stride
+    cdef int column_count
+    cdef const int64_t* offsets
+    cdef const int64_t* row_bytes
+    cdef double* sums
+    cdef bint prioritized
     max_weight_start(&seen, h)
     for k in range(skipped):    # rows a full ring never writes still raise what the rest see
         row_weight(weights, priorities, k, h, &seen)
@@ -219,26 +258,32 @@ cdef int64_t store_add(StoreView* view, const uint8_t** sources, int64_t count,
     publish_op(&h.op, OP_ADD)
     # 2. Copy each row into its record, move its generation to the next even number and its
     #    weight into the leaf.
+    #    (The view's fields in locals: a row's stores could otherwise be those fields to the
+    #    compiler, which builds extensions without strict aliasing, and reload them.)
+    rows = view.rows
+    stride = view.stride
+    column_count = view.column_count
+    offsets = view.columns
+    row_bytes = view.row_bytes
+    sums = view.tree.sums
+    prioritized = view.prioritized
     for k in range(written):
         slot = (start + k) % capacity
-        record = view.rows + slot * view.stride
+        record = rows + slot * stride
         generation = <uint64_t*>record
         generation[0] = (generation[0] | 1) + 1
-        for c in range(view.column_count):
-            size = view.row_bytes[c]
-            copy_field(record + view.columns[c], sources[c] + (skipped + k) * size, size)
-        if view.prioritized:
+        for c in range(column_count):
+            size = row_bytes[c]
+            copy_field(record + offsets[c], sources[c] + (skipped + k) * size, size)
+        if prioritized:
             weight = row_weight(weights, priorities, skipped + k, h, &seen)
             # A zero weight is kept out of min() (weights divide by it) like an unset leaf.
-            view.tree.sums[slot] = weight if weight > 0.0 else unset_leaf()
-    if view.prioritized:
+            sums[slot] = weight if weight > 0.0 else unset_leaf()
+    if prioritized:
         tree_refresh_range(&view.tree, start, first_part)
         tree_refresh_range(&view.tree, 0, written - first_part)
         if priorities != NULL:
-            for k in range(count):
-                if priorities[k] > max_priority:
-                    max_priority = priorities[k]
-            h.max_priority = max_priority
+            h.max_priority = largest(priorities, count, max_priority)
     # 3. Commit.
     h.stored_size = min(<int64_t>h.stored_size + written, capacity)
     h.next_index = (start + written) % capacity
@@ -377,6 +422,78 @@ cdef inline void prefetch_update(const StoreView* view, int64_t index, bint reco
         prefetch(view.rows + index * view.stride)
 
 
+cdef inline int64_t update_run(StoreView* view, const int64_t* indexes, const double* weights,
+                               const uint64_t* generations, int64_t bound, int64_t k,
+                               int64_t count) noexcept nogil:
+    """Entries k.. of an update of a buffer whose part has no row test (holds_row NULL), each
+    written as update_entry writes it, up to the first to be skipped: returns its position
+    (count: none). The pointers in locals: a leaf's store could otherwise be the view's own
+    fields to the compiler (extensions build without strict aliasing)."""
+    cdef double* sums = view.tree.sums
+    cdef uint8_t* rows = view.rows
+    cdef int64_t stride = view.stride
+    cdef int64_t index
+    cdef double weight
+    cdef uint64_t generation
+    if generations == NULL:
+        while k < count:
+            if k + GATHER_AHEAD < count:
+                prefetch(sums + indexes[k + GATHER_AHEAD])
+            index = indexes[k]
+            if <uint64_t>index >= <uint64_t>bound:
+                break         # cleared since validation (a negative index too)
+            if is_unset(sums[index]) and (<uint64_t*>(rows + index * stride))[0] & 1:
+                break         # torn (see update_entry)
+            weight = weights[k]
+            sums[index] = weight if weight > 0.0 else unset_leaf()
+            k += 1
+    else:
+        while k < count:
+            if k + GATHER_AHEAD < count:
+                index = indexes[k + GATHER_AHEAD]
+                prefetch(sums + index)
+                prefetch(rows + index * stride)
+            index = indexes[k]
+            if <uint64_t>index >= <uint64_t>bound:
+                break
+            generation = (<uint64_t*>(rows + index * stride))[0]
+            if generation & 1 or generation != generations[k]:
+                break
+            weight = weights[k]
+            sums[index] = weight if weight > 0.0 else unset_leaf()
+            k += 1
+    return k
+
+
+cdef inline bint update_entry(StoreView* view, RowTest holds_row, int64_t bound,
+                              const int64_t* indexes, const double* weights,
+                              const uint64_t* generations, int64_t k,
+                              int64_t count) noexcept nogil:
+    """Entry `k` of an update: its leaf written, or False where it is skipped (see
+    store_update)."""
+    cdef int64_t index
+    cdef uint64_t generation
+    cdef double weight
+    if k + GATHER_AHEAD < count:
+        prefetch_update(view, indexes[k + GATHER_AHEAD], generations != NULL)
+    index = indexes[k]
+    if index < 0 or index >= bound:
+        return False          # cleared since validation
+    if holds_row != NULL and not holds_row(view, index):
+        return False          # a part's slot without a committed row (frames only, evicted, open)
+    if generations != NULL:
+        generation = generation_of(view, index)[0]
+        if generation & 1 or generation != generations[k]:
+            return False      # torn by a dead writer, or overwritten since it was sampled
+    elif is_unset(view.tree.sums[index]) and generation_of(view, index)[0] & 1:
+        # A torn slot always has an unset leaf, so only such leaves need the record
+        # read (one cache miss each) to tell torn rows from rows of weight 0.
+        return False
+    weight = weights[k]
+    view.tree.sums[index] = weight if weight > 0.0 else unset_leaf()
+    return True
+
+
 cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double* priorities,
                           const double* weights, const uint64_t* generations,
                           int64_t count) noexcept nogil:
@@ -384,44 +501,41 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
     slots past the stored size (cleared since), torn, or (with `generations`) overwritten since
     they were sampled are skipped."""
     cdef Header* h = view.header
-    cdef int64_t k, index, applied = 0
+    cdef int64_t k, applied
     cdef RowTest holds_row = view.part.holds_row
     cdef int64_t bound = view.capacity if holds_row != NULL else <int64_t>h.stored_size
-    cdef double weight, max_priority = h.max_priority
-    cdef uint64_t generation
+    cdef double max_priority
+    # For a repair after this holder's death: the largest priority it may have written. (Its
+    # leaves stay as written; max_priority must cover them, or a sample reports them as
+    # heavier than any priority seen.) Computed in a local and stored once, before the op is
+    # published: a kill before the publish leaves OP_NONE, which a repair does not read it for.
+    cdef double all_max = largest(priorities, count, h.max_priority)
     # Software pipelining: ask for the leaf lines (and the record, when generations are
     # checked) of the entry GATHER_AHEAD places ahead, so several misses are in flight.
     for k in range(min(count, GATHER_AHEAD)):
         prefetch_update(view, indexes[k], generations != NULL)
-    # For a repair after this holder's death: the largest priority it may have written. (Its
-    # leaves stay as written; max_priority must cover them, or a sample reports them as
-    # heavier than any priority seen.)
-    h.pending_old_max_priority = max_priority
-    for k in range(count):
-        if priorities[k] > h.pending_old_max_priority:
-            h.pending_old_max_priority = priorities[k]
+    h.pending_old_max_priority = all_max
     publish_op(&h.op, OP_UPDATE)
-    for k in range(count):
-        if k + GATHER_AHEAD < count:
-            prefetch_update(view, indexes[k + GATHER_AHEAD], generations != NULL)
-        index = indexes[k]
-        if index < 0 or index >= bound:
-            continue          # cleared since validation
-        if holds_row != NULL and not holds_row(view, index):
-            continue          # a part's slot without a committed row (frames only, evicted, open)
-        if generations != NULL:
-            generation = generation_of(view, index)[0]
-            if generation & 1 or generation != generations[k]:
-                continue      # torn by a dead writer, or overwritten since it was sampled
-        elif is_unset(view.tree.sums[index]) and generation_of(view, index)[0] & 1:
-            # A torn slot always has an unset leaf, so only such leaves need the record
-            # read (one cache miss each) to tell torn rows from rows of weight 0.
-            continue
-        weight = weights[k]
-        view.tree.sums[index] = weight if weight > 0.0 else unset_leaf()
-        if priorities[k] > max_priority:
-            max_priority = priorities[k]
-        applied += 1
+    # While every entry applies (the usual case), the new max_priority is all_max: no
+    # per-entry compare. From the first skipped entry on, the entries applied are counted and
+    # their priorities compared one by one.
+    k = 0
+    if holds_row == NULL:
+        k = update_run(view, indexes, weights, generations, bound, 0, count)
+    else:
+        while k < count and update_entry(view, holds_row, bound, indexes, weights, generations,
+                                         k, count):
+            k += 1
+    applied = k
+    if k == count:
+        max_priority = all_max
+    else:
+        max_priority = largest(priorities, k, h.max_priority)   # the entries before k
+        for k in range(k + 1, count):
+            if update_entry(view, holds_row, bound, indexes, weights, generations, k, count):
+                applied += 1
+                if priorities[k] > max_priority:
+                    max_priority = priorities[k]
     tree_refresh(&view.tree, indexes, count)
     h.max_priority = max_priority
     h.updates += applied
