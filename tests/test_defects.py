@@ -250,13 +250,17 @@ def test_a_stopped_holder_gives_timeout_and_ctrl_c_interrupts_the_wait():
                 rb.sample(1 << 20)
         """)], stdout=subprocess.PIPE, text=True)
         assert holder.stdout.readline().strip() == "ready"
-        # Stop it while it holds the lock: the lock word names it.
-        for _ in range(1000):
+        # Stop it while it holds the lock: the lock word names it. Between two tries it runs
+        # for a while of its own (a varied one): stopped again at once, on a loaded machine it
+        # could be stopped outside the lock for ever, never scheduled in between.
+        pauses = np.random.default_rng(0).uniform(0.001, 0.02, 1000)
+        for pause in pauses:
             os.kill(holder.pid, signal.SIGSTOP)
             time.sleep(0.005)
             if rb._store.lock_owner() != 0:
                 break
             os.kill(holder.pid, signal.SIGCONT)
+            time.sleep(pause)
         assert rb._store.lock_owner() != 0, "never stopped the holder inside a call"
         view = cpprb_ray.attach(rb.name, lock_timeout=0.5)
         start = time.monotonic()
