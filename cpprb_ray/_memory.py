@@ -189,7 +189,7 @@ def create(backend: str, size: int, name: Optional[str] = None,
     `hot` ((offset, bytes), the most read first) gets 2 MiB pages as prefer_huge_pages gives
     them, asked for before the rest of the file is allocated: a unit that holds one page is
     made huge by zero-filling the rest, where one whose 512 pages were allocated first is
-    copied page by page (7 to 10 times as long: 18 against 50 to 285 ms for 64 MiB here).
+    copied page by page (3 to 15 times as long: 18 to 21 against 50 to 285 ms for 64 MiB here).
 
     Examples
     --------

@@ -409,7 +409,15 @@ class SegmentSpan:
     """`length` bytes of a mapped segment from `offset`: a section that a load reads straight
     into its new buffer's segment. Its memory is reached only through :meth:`window`, a view
     released when the ``with`` ends, so that no view (nor a frame of a traceback holding one)
-    keeps the buffer from being closed when the load fails."""
+    keeps the buffer from being closed when the load fails.
+
+    Examples
+    --------
+    >>> span = SegmentSpan(bytearray(b"abcdef"), 2, 3)
+    >>> with span.window(1, 2) as view:
+    ...     bytes(view)
+    b'de'
+    """
 
     def __init__(self, memory: Any, offset: int, length: int) -> None:
         self.memory, self.offset, self.length = memory, offset, length
