@@ -21,11 +21,10 @@ from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, P
                              PyObject_GetBuffer)
 from cpython.bytes cimport PyBytes_AS_STRING
 from cpython.object cimport PyObject
-from libc.stdint cimport INT64_MAX
 from libc.stdlib cimport free, malloc
 from libc.string cimport strcmp
 
-from cpprb_ray._rules cimport check_memory
+from cpprb_ray._rules cimport SAMPLE_ROW_EXTRA_BYTES, batch_fits, check_memory
 
 import numpy as np
 
@@ -90,12 +89,12 @@ cdef class SampleOutputs:
         call.block = NULL
         call.acquired = 0
         # The rules' checks, called as C: a Python-level call of each was a tenth of the
-        # Python work of a sample(256). check_batch_fits raises, with its message, exactly when
-        # this test fails.
-        if batch <= 0 or batch > INT64_MAX // (row_bytes + 28):
+        # Python work of a sample(256). check_batch_fits says what is wrong when its test fails.
+        if not batch_fits(batch, row_bytes):
             _rules.check_batch_fits(batch, row_bytes, "batch_size")
         if out is None:   # new arrays: they must fit in what this process may use
-            check_memory(<double>batch * (row_bytes + 28), "batch_size", batch, "sample output")
+            check_memory(<double>batch * (row_bytes + SAMPLE_ROW_EXTRA_BYTES), "batch_size",
+                         batch, "sample output")
         call.block = <char*>malloc(self.count * sizeof(Py_buffer)
                                    + (self.count + extra) * sizeof(uint8_t*)
                                    + batch * sizeof(double))

@@ -4,7 +4,18 @@
 # nogil code runs; the nogil halves below find the first bad entry, the Python halves say what is
 # wrong with it.
 
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport INT64_MAX, int64_t, uint8_t
+
+# The bytes a sample's outputs take per row besides its columns: its index, weight, generation
+# and a scratch double.
+cdef enum:
+    SAMPLE_ROW_EXTRA_BYTES = 28
+
+
+cdef inline bint batch_fits(int64_t batch, int64_t row_bytes) noexcept nogil:
+    """What check_batch_fits requires: batch > 0, and its outputs' size countable in an int64.
+    Inline, so that a sample tests it without a call (check_batch_fits says what is wrong)."""
+    return 0 < batch <= INT64_MAX // (row_bytes + SAMPLE_ROW_EXTRA_BYTES)
 
 cdef struct PriorityRule:
     double alpha

@@ -11,7 +11,7 @@ from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release,
                              PyObject_GetBuffer)
 from libc.float cimport DBL_MAX
 from libc.math cimport INFINITY, pow
-from libc.stdint cimport INT64_MAX, uint8_t
+from libc.stdint cimport uint8_t
 
 from cpprb_ray._convert cimport is_format
 
@@ -369,7 +369,7 @@ def check_batch_fits(int64_t batch, int64_t row_bytes, str name="batch_size"):
     """
     if batch <= 0:
         raise ValueError(f"{name} must be > 0; got {batch}")
-    if batch > INT64_MAX // (row_bytes + 28):
+    if not batch_fits(batch, row_bytes):
         raise ValueError(f"{name} {batch} needs more than 2**63 - 1 bytes of output; sample "
                          f"fewer rows")
 
