@@ -62,7 +62,7 @@ extensions = [
     )
     for name in ("_segtree", "_sync", "_rules", "_segment", "_core", "_columns", "_lanes",
                  "_outputs", "_store", "_lanestore", "_image", "_mapping", "_sequences",
-                 "_seqstore")
+                 "_seqstore", "_digest")
 ]
 
 setup(

@@ -15,7 +15,7 @@ import zipfile
 
 # Every extension module of the package (setup.py builds these); each ships with its .pyi stub.
 EXTENSIONS = ("_segtree", "_sync", "_rules", "_segment", "_core", "_columns", "_lanes", "_outputs",
-              "_store", "_lanestore", "_image", "_mapping", "_sequences", "_seqstore")
+              "_store", "_lanestore", "_image", "_mapping", "_sequences", "_seqstore", "_digest")
 
 
 def check_contents(dist):

@@ -10,8 +10,8 @@ a buffer: callers check, then change.
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release,
                              PyObject_GetBuffer)
 from libc.float cimport DBL_MAX
-from libc.math cimport INFINITY, pow
-from libc.stdint cimport uint8_t
+from libc.math cimport INFINITY, pow, signbit
+from libc.stdint cimport int64_t, uint8_t
 
 from cpprb_ray._convert cimport is_format
 
@@ -233,6 +233,62 @@ def max_leaf_weight(int64_t capacity):
     cdef PriorityRule rule
     priority_rule(&rule, 0.0, 0.0, capacity)
     return rule.max_weight
+
+
+cdef int64_t first_bad_leaf(const double* leaves, const uint8_t* live, int64_t count,
+                            int64_t* heaviest_at) noexcept nogil:
+    """Position of the first leaf that no kernel leaves, or -1, in one pass: a finite weight
+    > 0 or the unset -0.0 where `live` (NULL: everywhere) says a row lies, the unset -0.0
+    elsewhere. `heaviest_at` gets the position of the first of the heaviest leaves (-1 if
+    none is > 0)."""
+    cdef int64_t k, at = -1
+    cdef double leaf, top = 0.0
+    for k in range(count):
+        leaf = leaves[k]
+        if leaf == 0.0 and signbit(leaf):
+            continue
+        if (live != NULL and not live[k]) or not (leaf > 0.0 and leaf <= DBL_MAX):
+            return k
+        if leaf > top:
+            top, at = leaf, k
+    heaviest_at[0] = at
+    return -1
+
+
+def leaf_problem(const double[::1] leaves, double heaviest, live=None):
+    """None when every leaf of a checkpoint is one a kernel leaves, else (position, what):
+    "weight" for the first leaf that is not a finite weight > 0 or unset (-0.0) where a row
+    lies (`live`, a bool per leaf; None: every leaf), "unset" for one not unset where none
+    lies, "heavy" for the first of the heaviest leaves when it is above `heaviest`. One pass,
+    GIL released.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> leaf_problem(np.array([1.0, -0.0, 2.0]), 4.0) is None
+    True
+    >>> leaf_problem(np.array([1.0, 0.0, 2.0]), 4.0), leaf_problem(np.array([1.0, 5.0]), 4.0)
+    ((1, 'weight'), (1, 'heavy'))
+    >>> leaf_problem(np.array([1.0, 2.0]), 4.0, live=np.array([True, False]))
+    (1, 'unset')
+    """
+    cdef const uint8_t[::1] live_view
+    cdef const uint8_t* live_at = NULL
+    cdef int64_t count = leaves.shape[0], bad, heaviest_at = -1
+    if live is not None:
+        live_view = np.ascontiguousarray(live, dtype=np.bool_).view(np.uint8)
+        if live_view.shape[0] != count:
+            raise ValueError(f"live must have one entry per leaf ({count}); got "
+                             f"{live_view.shape[0]}")
+        if count:
+            live_at = &live_view[0]
+    with nogil:
+        bad = first_bad_leaf(&leaves[0] if count else NULL, live_at, count, &heaviest_at)
+    if bad >= 0:
+        return bad, ("unset" if live_at != NULL and not live_at[bad] else "weight")
+    if heaviest_at >= 0 and leaves[heaviest_at] > heaviest:
+        return heaviest_at, "heavy"
+    return None
 
 
 cdef int64_t first_bad_priority(const PriorityRule* rule, const double* priorities,

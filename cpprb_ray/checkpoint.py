@@ -4,18 +4,19 @@ The file (docs/checkpoints.md)::
 
     0    prefix, 64 bytes, little-endian: magic b"CPPRBCKP", format version (u32), prefix size
          (u32), description length (u64), payload length (u64), crc32 of the description (u32),
-         crc32 of the payload (u32), 20 reserved zero bytes, crc32 of the 60 bytes before (u32)
+         the payload's checksum (u64: XXH64 from version 4 on; versions 1 to 3 a crc32 and 4
+         zero bytes), 16 reserved zero bytes, crc32 of the 60 bytes before (u32)
     64   description: UTF-8 JSON, padded with spaces to a multiple of 64 bytes
     ...  payload: the sections the description lists, each at a 64-byte aligned offset from the
-         payload's start: version 1 (a plain ring's buffer) "rows" (the stored slots' records),
-         "tail_generations", "leaves"; version 2 (a laned buffer: its description has "lanes")
-         "rows" (every slot's record), "leaves" (every slot's), "lanes" (the lane table);
-         version 3 (a sequence buffer: "lanes" and "sequence") the sections of version 2
+         payload's start: a plain ring's buffer "rows" (the stored slots' records),
+         "tail_generations", "leaves"; a laned buffer (its description has "lanes") "rows"
+         (every slot's record), "leaves" (every slot's), "lanes" (the lane table); a sequence
+         buffer ("lanes" and "sequence") the sections of a laned one
 
-A plain buffer's file is written as version 1, which every reader loads; only a laned buffer's
-is version 2, which a reader of version 1 refuses by its version, and only a sequence buffer's
-version 3, which readers of versions 1 and 2 refuse by its version (a reader of version 2 would
-otherwise take it for a laned buffer of steps).
+Every save writes version 4, whatever the buffer. Versions 1 to 3, which earlier releases wrote,
+are read too: there the version gave the kind (1 a plain ring, 2 a laned buffer, 3 a sequence
+buffer, so that a reader of 1 refused a laned file by its version), and the payload's checksum
+was a crc32. A reader of versions 1 to 3 refuses a version 4 file by its version.
 
 A save writes a temporary file in the target's directory, fsyncs it, renames it over the target
 and fsyncs the directory, so a save killed at any moment leaves the previous checkpoint whole.
@@ -32,6 +33,7 @@ import json
 import os
 import stat
 import struct
+import sys
 import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +43,7 @@ import numpy as np
 
 from cpprb_ray import (
     _compat,
+    _digest,
     _layout,
     _memory,
     _parts,
@@ -57,15 +60,19 @@ __all__ = ["FORMAT_VERSION", "MAGIC", "load", "read_file", "remove_stale_tempora
            "write_file"]
 
 MAGIC = b"CPPRBCKP"
-FORMAT_VERSION = 3                         # the newest version this cpprb_ray reads
+FORMAT_VERSION = 4                         # what a save writes: the newest version read
+# Versions 1 to 3 (a crc32 of the payload) were one per kind of buffer:
 _RING_VERSION = 1                          # a plain ring's buffer
 _LANED_VERSION = 2                         # a laned buffer (lanes, next_of, stack_compress)
 _SEQUENCE_VERSION = 3                      # a sequence buffer (sequence=; laned)
-_READABLE = (_RING_VERSION, _LANED_VERSION, _SEQUENCE_VERSION)
-_PREFIX = struct.Struct("<8sIIQQII20sI")   # see the module docstring; 64 bytes
+_KIND_VERSIONS = (_RING_VERSION, _LANED_VERSION, _SEQUENCE_VERSION)
+_READABLE = _KIND_VERSIONS + (FORMAT_VERSION,)
+_PREFIX = struct.Struct("<8sIIQQIQ16sI")   # see the module docstring; 64 bytes
 _ALIGN = 64
 _CRC_CHUNK = 1 << 30                       # zlib.crc32 takes at most 4 GiB at once on some builds
-_READ_CHUNK = 16 << 20                     # a load reads and checksums the payload in these
+# A load reads and checksums the payload in these: small enough that a chunk is still in the
+# cache when the checksum's thread reads it, large enough that a chunk's hand-over is nothing.
+_READ_CHUNK = 4 << 20
 # No description is this long (an env_dict of thousands of columns makes a few MiB): a prefix
 # that says more is refused before the description is read.
 _DESCRIPTION_LIMIT = 64 << 20
@@ -73,7 +80,7 @@ _SECTIONS = ("rows", "tail_generations", "leaves")
 _LANED_SECTIONS = ("rows", "leaves", "lanes")
 
 
-_READS = f"versions {', '.join(map(str, _READABLE[:-1]))} and {_READABLE[-1]}"
+_READS = f"versions {_READABLE[0]} to {_READABLE[-1]}"
 
 
 def _align(value: int) -> int:
@@ -85,6 +92,24 @@ def _crc32(data: Any, crc: int = 0) -> int:
     for start in range(0, len(view), _CRC_CHUNK):
         crc = zlib.crc32(view[start:start + _CRC_CHUNK], crc)
     return crc
+
+
+class _Crc32:
+    """The payload's checksum of versions 1 to 3, behind _digest.Digest's interface."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: Any) -> None:
+        self.value = _crc32(data, self.value)
+
+    def intdigest(self) -> int:
+        return self.value
+
+
+def _payload_digest(version: int) -> Any:
+    """A new checksum of a payload of format `version` (update(bytes), intdigest())."""
+    return _digest.Digest() if version == FORMAT_VERSION else _Crc32()
 
 
 def refused(file: Any, why: str) -> ValueError:
@@ -202,9 +227,9 @@ def open_for_writing(path: str) -> Any:
 # -- the file format ------------------------------------------------------------------------------
 
 def write_file(file: Any, description: Mapping[str, Any],
-               sections: Sequence[Tuple[str, Any]], version: int = _RING_VERSION) -> None:
+               sections: Sequence[Tuple[str, Any]], version: int = FORMAT_VERSION) -> None:
     """Write `description` (JSON-able) and `sections` (name, bytes-like) to `file`, atomically,
-    as format `version` (1, 2 for a laned buffer's, 3 for a sequence buffer's).
+    as format `version` (an earlier one only to test that they are still read).
 
     The description gains a "sections" entry: ``{name: [offset, length]}`` within the payload.
     A temporary file in the same directory is written, fsynced and renamed over `file`, and the
@@ -235,19 +260,19 @@ def write_file(file: Any, description: Mapping[str, Any],
     document["sections"] = offsets
     text = json.dumps(document, allow_nan=False).encode()
     text += b" " * (_align(len(text)) - len(text))
-    chunks: List[Any] = []
-    position = 0
-    payload_crc = 0
-    for offset, view in views:
-        padding = bytes(offset - position)
-        payload_crc = zlib.crc32(padding, payload_crc)
-        payload_crc = _crc32(view, payload_crc)
-        chunks += [padding, view]
-        position = offset + len(view)
     if version not in _READABLE:
         raise ValueError(f"version must be one of {_READABLE}; got {version!r}")
+    chunks: List[Any] = []
+    position = 0
+    payload_digest = _payload_digest(version)
+    for offset, view in views:
+        padding = bytes(offset - position)
+        payload_digest.update(padding)
+        payload_digest.update(view)
+        chunks += [padding, view]
+        position = offset + len(view)
     head = _PREFIX.pack(MAGIC, version, _PREFIX.size, len(text), payload_length,
-                        zlib.crc32(text), payload_crc, bytes(20), 0)[:-4]
+                        zlib.crc32(text), payload_digest.intdigest(), bytes(16), 0)[:-4]
     prefix = head + struct.pack("<I", zlib.crc32(head))
     write_atomically(path_of(file), [prefix, text] + chunks)
 
@@ -255,6 +280,7 @@ def write_file(file: Any, description: Mapping[str, Any],
 def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None,
               place: Optional[Callable[[Dict[str, int]], Mapping[str, Any]]] = None,
               check_payload: Optional[Callable[[Dict[str, Any]], Any]] = None,
+              inspect: Optional[Mapping[str, Callable[[int, memoryview], Any]]] = None,
               ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(description, {section name: bytes}) of a checkpoint, after every check of the format;
     the description's "format_version" is the prefix's.
@@ -266,6 +292,9 @@ def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None
     what was read. `check_payload(sections)` runs once every byte is read, while the last
     checksums are made; an Exception it raises is raised once the payload's checksum matches
     (a corrupt payload is reported as such, whatever its bytes look like).
+    `inspect({section name: f})` calls f(start, chunk) with each chunk of that section (its
+    offset in the section and a view of its bytes, valid during the call) right after the
+    chunk is checksummed, on the checksum's thread, while the chunk is in the cache.
 
     ValueError naming `file` when it is truncated, longer than it says, not a checkpoint, of
     another format version, when a checksum (prefix, description, payload) does not match, or
@@ -298,7 +327,7 @@ def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None
                 raise refused(file, "it does not start with the checkpoint magic b'CPPRBCKP'")
             raise refused(file, f"truncated: {size} bytes, shorter than the "
                                 f"{_PREFIX.size}-byte prefix")
-        (magic, version, prefix_size, text_length, payload_length, text_crc, payload_crc,
+        (magic, version, prefix_size, text_length, payload_length, text_crc, payload_check,
          _reserved, prefix_crc) = _PREFIX.unpack(prefix)
         if magic != MAGIC:
             raise refused(file, "it does not start with the checkpoint magic b'CPPRBCKP'")
@@ -346,35 +375,46 @@ def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None
         payload = np.empty(private, dtype=np.uint8).data
         sections: Dict[str, Any] = {}
         pieces: List[Any] = []   # where each byte of the payload goes, in the file's order
+        failed: List[Exception] = []   # raised once the payload's checksum matches
         end = used = 0
         for name, (offset, length) in sorted(spans.items(), key=lambda item: item[1]):
             if offset > end:   # the padding that aligns a section: read, and checksummed
-                pieces.append(payload[used:used + offset - end])
+                pieces.append((payload[used:used + offset - end], None))
                 used += offset - end
             if name in placed:
                 sections[name] = placed[name]
             else:
                 sections[name] = payload[used:used + length]
                 used += length
-            pieces.append(sections[name])
+            pieces.append((sections[name], _noting(failed, (inspect or {}).get(name))))
             end = offset + length
-        failed: List[Exception] = []
 
         def meanwhile() -> None:
             if check_payload is not None:
-                try:
-                    check_payload(sections)
-                except Exception as error:  # noqa: BLE001 (raised below, after the checksum)
-                    failed.append(error)
+                _noting(failed, check_payload)(sections)
 
-        got, crc = _read_checksummed(handle, pieces, meanwhile)
+        digest = _payload_digest(version)
+        got = _read_checksummed(handle, pieces, digest, meanwhile)
     if got != payload_length:
         raise refused(file, "truncated while it was read")
-    if crc != payload_crc:
+    if digest.intdigest() != payload_check:
         raise refused(file, "the payload's checksum does not match (corrupt payload)")
     if failed:
         raise failed[0]
     return description, sections
+
+
+def _noting(failed: List[Exception], call: Optional[Callable[..., Any]]) -> Any:
+    """`call`, made to append an Exception it raises to `failed` rather than raise it."""
+    if call is None:
+        return None
+
+    def noting(*arguments: Any) -> None:
+        try:
+            call(*arguments)
+        except Exception as error:  # noqa: BLE001 (the caller raises it, after the checksum)
+            failed.append(error)
+    return noting
 
 
 def _parse_description(file: Any, text: bytes, payload_length: int,
@@ -439,53 +479,65 @@ def _window(piece: Any, start: int, length: int) -> Any:
     return contextlib.nullcontext(piece[start:start + length])
 
 
-def _odd_generations(rows: Any, count: int, stride: int) -> np.ndarray:
-    """Which of `count` records of `stride` bytes in `rows` have an odd generation (their first
-    8 bytes): a torn record. A new array; no view of `rows` outlives the call."""
-    with _window(rows, 0, len(rows)) as view:
-        generations = np.ndarray((count,), dtype=np.uint64, buffer=view, strides=(stride,))
-        try:
-            return (generations & 1) != 0
-        finally:
-            del generations
+# Where a record's generation (its first 8 bytes, native order) has its lowest bit.
+_GENERATION_LOW_BYTE = 0 if sys.byteorder == "little" else 7
 
 
-def _read_checksummed(handle: Any, pieces: Sequence[Any],
-                      meanwhile: Callable[[], Any] = lambda: None) -> Tuple[int, int]:
-    """Fill `pieces` (memoryviews and SegmentSpans) from `handle`, one after the other, in
-    chunks: (bytes read, crc32 of them). A payload of more than two chunks is checksummed on
-    a thread while the next chunk is read (zlib.crc32 and readinto release the GIL; a chunk is
-    still in the cache when its checksum reads it), and `meanwhile()` runs once the reads are
-    done, while the last checksums are made: the read takes about as long as the slower of
-    the two, not their sum."""
-    chunks = [(piece, start, min(_READ_CHUNK, len(piece) - start)) for piece in pieces
-              for start in range(0, len(piece), _READ_CHUNK)]
-    crc = [0]
+def _odd_generations(chunk: memoryview, start: int, stride: int) -> np.ndarray:
+    """The records of `stride` bytes whose generation is odd (torn), of those whose generation's
+    lowest byte lies in `chunk`, bytes [start, start + len(chunk)) of a section of records: their
+    indexes in the section. A new array; no view of `chunk` outlives the call."""
+    first = max(0, -(-(start - _GENERATION_LOW_BYTE) // stride))
+    at = first * stride + _GENERATION_LOW_BYTE - start
+    if at >= len(chunk):
+        return np.empty(0, dtype=np.int64)
+    low_bytes = np.frombuffer(chunk, dtype=np.uint8)[at::stride]
+    try:
+        return first + np.flatnonzero(low_bytes & 1)
+    finally:
+        del low_bytes
 
-    def absorb(piece: Any, start: int, length: int) -> None:
+
+def _read_checksummed(handle: Any, pieces: Sequence[Tuple[Any, Any]], digest: Any,
+                      meanwhile: Callable[[], Any] = lambda: None) -> int:
+    """Fill `pieces` ((memoryview or SegmentSpan, inspect or None)) from `handle`, one after the
+    other, in chunks, giving each chunk to `digest` (then to its piece's inspect(start, chunk)):
+    the bytes read. A payload of more than two chunks is checksummed on a thread while the next
+    chunk is read (the digests and readinto release the GIL; a chunk is still in the cache when
+    its checksum reads it), and `meanwhile()` runs once the reads are done, while the last
+    checksums are made: the read takes about as long as the slower of the two, not their sum."""
+    chunks = [(piece, inspect, start, min(_READ_CHUNK, len(piece) - start))
+              for piece, inspect in pieces for start in range(0, len(piece), _READ_CHUNK)]
+
+    def absorb(piece: Any, inspect: Any, start: int, length: int) -> None:
         # One worker, first in first out: the chunks are checksummed in the file's order.
         with _window(piece, start, length) as chunk:
-            crc[0] = zlib.crc32(chunk, crc[0])
+            digest.update(chunk)
+            if inspect is not None:
+                inspect(start, chunk)
 
     filled = 0
     worker = ThreadPoolExecutor(max_workers=1) if len(chunks) > 2 else None
+    done: List[Any] = []
     try:
-        for piece, start, length in chunks:
+        for piece, inspect, start, length in chunks:
             with _window(piece, start, length) as chunk:
                 got = _read_into(handle, chunk)
             if worker is None:
-                absorb(piece, start, got)
+                absorb(piece, inspect, start, got)
             else:
-                worker.submit(absorb, piece, start, got)
+                done.append(worker.submit(absorb, piece, inspect, start, got))
             filled += got
             if got < length:
                 break
-        if filled == sum(length for _, _, length in chunks):
+        if filled == sum(length for _, _, _, length in chunks):
             meanwhile()
     finally:
         if worker is not None:
             worker.shutdown(wait=True)   # no checksum reads any piece once this returns
-    return filled, crc[0]
+    for future in done:
+        future.result()
+    return filled
 
 
 def _read_exactly(handle: Any, length: int) -> bytes:
@@ -595,19 +647,16 @@ def save(buffer: Any, file: Any) -> None:
             for key in ("kind", "samples_per_insert", "min_size_to_sample", "min_diff",
                         "max_diff", "inserts", "samples")},
     }
-    version = _RING_VERSION
     if laned:
         description[_LANES] = layout.meta[_LANES]
         # What a bounded lane numbers its rows by (cpprb's indexes), with or without a limiter.
         description["state"]["rows_since_clear"] = header["rows_since_clear"]
-        version = _LANED_VERSION
     if sequence is not None:
         # Its config; and the sequences open at the save (their starts' links say so), which
         # the copy keeps open: no writer of the copy continues their episodes.
         description[_SEQUENCE] = sequence
         description["state"]["open_sequences"] = opened
-        version = _SEQUENCE_VERSION
-    write_file(path, description, sections, version)
+    write_file(path, description, sections)
 
 
 class _Checkpoint:
@@ -621,8 +670,15 @@ class _Checkpoint:
         # place(self): read_file's, given this checkpoint once its description is checked.
         self.file = file
         self.cls, self.backend, self.path = cls, backend, path
+        # A ring's torn records, found chunk by chunk as the rows are read (while each chunk
+        # is in the cache), for _check_leaves.
+        self.torn_records: List[np.ndarray] = []
         read_file(file, self._check_description, None if place is None else lambda _: place(self),
-                  self._check_payload)
+                  self._check_payload, {"rows": self._note_torn_records})
+
+    def _note_torn_records(self, start: int, chunk: memoryview) -> None:
+        if self.prioritized and self.lane_meta is None:   # what _check_leaves looks at
+            self.torn_records.append(_odd_generations(chunk, start, self.row_stride))
 
     def _check_payload(self, sections: Dict[str, Any]) -> None:
         try:
@@ -687,14 +743,18 @@ class _Checkpoint:
         self.nstep = description["nstep"]
         version = description["format_version"]
         self.lane_meta: Any = description.get(_LANES)
-        if (self.lane_meta is None) != (version == _RING_VERSION):
-            raise ValueError(f"format version {version} " + (
-                "without a lane section" if self.lane_meta is None else "with a lane section"))
         self.sequence_meta: Any = description.get(_SEQUENCE)
-        if (self.sequence_meta is None) == (version == _SEQUENCE_VERSION):
-            raise ValueError(f"format version {version} " + (
-                "without a sequence section" if self.sequence_meta is None
-                else "with a sequence section"))
+        if self.sequence_meta is not None and self.lane_meta is None:
+            raise ValueError("a sequence section without a lane section")
+        if version in _KIND_VERSIONS:   # where the version said the kind, it must be the same
+            if (self.lane_meta is None) != (version == _RING_VERSION):
+                raise ValueError(f"format version {version} " + (
+                    "without a lane section" if self.lane_meta is None
+                    else "with a lane section"))
+            if (self.sequence_meta is None) == (version == _SEQUENCE_VERSION):
+                raise ValueError(f"format version {version} " + (
+                    "without a sequence section" if self.sequence_meta is None
+                    else "with a sequence section"))
         # The constructor's arguments: a laned buffer's lanes, next_of and stack_compress (a
         # sequence buffer's lanes and sequence), and the size it was given (a bounded frame
         # lane keeps that many rows in more slots).
@@ -836,20 +896,12 @@ class _Checkpoint:
         leaves = self.leaves
         # What the kernels leave: a weight > 0, or -0.0 (unset: never sampled, never the
         # minimum). A NaN, an infinity, a negative or a +0.0 leaf would corrupt the sampling.
-        valid = (leaves > 0.0) | ((leaves == 0.0) & np.signbit(leaves))
-        if not (np.isfinite(leaves).all() and valid.all()):
-            bad = int(np.flatnonzero(~(np.isfinite(leaves) & valid))[0])
-            raise ValueError(f"leaf {bad} is {float(leaves[bad])!r}, not a weight > 0 or unset")
-        heaviest = _rules.max_leaf_weight(self.capacity)
-        if len(leaves) and leaves.max() > heaviest:
-            bad = int(np.argmax(leaves))
-            raise ValueError(f"leaf {bad} is {float(leaves[bad])!r}, more than the "
-                             f"{heaviest:.3g} that keeps the total of {self.capacity} slots "
-                             f"finite")
-        torn = _odd_generations(self.rows, self.stored_size, self.row_stride) & (leaves != 0.0)
-        if torn.any():
-            raise ValueError(f"slot {int(np.flatnonzero(torn)[0])} is torn (odd generation) "
-                             f"but has a weight")
+        self._check_leaf_values(None)
+        torn = np.concatenate(self.torn_records + [np.empty(0, dtype=np.int64)])
+        torn = torn[leaves[torn] != 0.0]
+        if torn.size:
+            raise ValueError(f"slot {int(torn.min())} is torn (odd generation) but has a "
+                             f"weight")
 
     def _parse_lanes(self, sections: Dict[str, memoryview]) -> None:
         """A laned file's payload, checked as the kernels will index it: lanes without owners
@@ -887,20 +939,22 @@ class _Checkpoint:
             raise ValueError(f"{int(live.sum())} " + (
                 "rows" if self.sequence is None else "committed sequences")
                 + f" in its slots, its state says {self.stored_size}")
-        leaves = self.leaves
-        unset = (leaves == 0.0) & np.signbit(leaves)
-        valid = np.where(live, np.isfinite(leaves) & ((leaves > 0.0) | unset), unset)
-        if not valid.all():
-            bad_slot = int(np.flatnonzero(~valid)[0])
-            raise ValueError(f"leaf {bad_slot} is {float(leaves[bad_slot])!r}, not " + (
-                "a weight > 0 or unset" if live[bad_slot] else
-                "unset (its slot holds no row)"))
+        self._check_leaf_values(live)
+
+    def _check_leaf_values(self, live: Optional[np.ndarray]) -> None:
+        """Every leaf one a kernel leaves: a weight > 0 or unset where a row lies (`live`;
+        None: every leaf), unset elsewhere, none so heavy that the tree's total overflows."""
         heaviest = _rules.max_leaf_weight(self.capacity)
-        if len(leaves) and leaves.max() > heaviest:
-            bad_slot = int(np.argmax(leaves))
-            raise ValueError(f"leaf {bad_slot} is {float(leaves[bad_slot])!r}, more than the "
-                             f"{heaviest:.3g} that keeps the total of {self.capacity} slots "
-                             f"finite")
+        problem = _rules.leaf_problem(self.leaves, heaviest, live)
+        if problem is None:
+            return
+        slot, what = problem
+        value = float(self.leaves[slot])
+        if what == "heavy":
+            raise ValueError(f"leaf {slot} is {value!r}, more than the {heaviest:.3g} that "
+                             f"keeps the total of {self.capacity} slots finite")
+        raise ValueError(f"leaf {slot} is {value!r}, not " + (
+            "a weight > 0 or unset" if what == "weight" else "unset (its slot holds no row)"))
 
     def _frame_rows(self, generations: np.ndarray, links: np.ndarray, aheads: np.ndarray,
                     starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ LAYERS: List[Set[str]] = [
     {"_proc"},
     # 1. kernels: nogil C over raw memory, and the one place for rules and the format
     {"_segtree", "_sync", "_prefetch", "_limiter", "_convert", "_rules", "_segment", "_core",
-     "_lanes", "_columns", "_outputs", "_mapping", "_sequences"},
+     "_lanes", "_columns", "_outputs", "_mapping", "_sequences", "_digest"},
     # 2. the store: lifetime, the one driver, the ring's operations; the parts that drive it
     {"_store", "_lanestore", "_image", "_seqstore"},
     # 3. what a segment is on the host: files, layouts, ownership

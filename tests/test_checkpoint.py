@@ -434,7 +434,7 @@ def test_another_format_version_is_refused(saved):
     file, data = saved
     _rewrite_prefix(file, data, version=checkpoint.FORMAT_VERSION + 1)
     with refused(file, f"format version {checkpoint.FORMAT_VERSION + 1}; this cpprb_ray reads "
-                       f"versions 1, 2 and {checkpoint.FORMAT_VERSION}"):
+                       f"versions 1 to {checkpoint.FORMAT_VERSION}"):
         cpprb_ray.PrioritizedReplayBuffer.load(file)
 
 
@@ -788,7 +788,7 @@ def test_a_prefix_of_another_version_names_the_version(saved):
     other = bytearray(data)
     struct.pack_into("<II", other, 8, checkpoint.FORMAT_VERSION + 1, 128)
     file.write_bytes(bytes(other))
-    with refused(file, f"format version {checkpoint.FORMAT_VERSION + 1}.*versions 1, 2 and "
+    with refused(file, f"format version {checkpoint.FORMAT_VERSION + 1}.*versions 1 to "
                        f"{checkpoint.FORMAT_VERSION}"):
         cpprb_ray.PrioritizedReplayBuffer.load(file)
 

@@ -35,7 +35,7 @@ if TESTS_DIR not in sys.path:  # spawned children import the workers from the pa
 import _checkpoint_workers  # noqa: E402
 import _frame_streams as streams  # noqa: E402
 from _workers import tree_problems  # noqa: E402
-from test_checkpoint import _crafted, _load_with_1_gib, _set, refused  # noqa: E402
+from test_checkpoint import _load_with_1_gib, _set, refused  # noqa: E402
 
 CLASSES = [ReplayBuffer, PrioritizedReplayBuffer]
 FRAMED = {"next_of": "obs", "stack_compress": "obs"}
@@ -218,7 +218,7 @@ def test_save_while_writer_processes_add_into_lanes(tmp_path):
              for stream, seed in seeds.items()], tmp_path)
         states = set()
         for file in files:
-            assert struct.unpack_from("<I", file.read_bytes(), 8) == (2,)   # a laned file
+            assert struct.unpack_from("<I", file.read_bytes(), 8) == (checkpoint.FORMAT_VERSION,)
             with PrioritizedReplayBuffer.load(file, seed=3) as copy:
                 states.add(copy._store.rows_added)
                 everything = copy.get_all_transitions()
@@ -387,20 +387,24 @@ def _crafted_versioned(file, change) -> None:
     checkpoint.write_file(file, description, list(sections.items()), version)
 
 
-def test_a_plain_file_stays_version_1_and_says_so(tmp_path):
-    """A plain buffer's file is version 1 (every reader loads it); a laned one's version 2,
-    which a reader of version 1 refuses by its version. A version 2 file without lanes is
-    refused."""
+def test_files_of_the_earlier_versions_load_and_their_version_says_the_kind(tmp_path):
+    """Every save writes the newest version. A plain buffer's file written as version 1 (a
+    crc32 of the payload, as earlier releases wrote it) loads the same state; as version 2,
+    which was a laned buffer's, it is refused by its version."""
     file = tmp_path / "plain.ckpt"
     with PrioritizedReplayBuffer(8, dict(streams.ENV, next_obs=streams.ENV["obs"])) as rb:
         rb.add(**streams.Stream(0, 0).transitions(2), priorities=[1.0, 2.0])
         rb.save(file)
+        expected = rb.get_all_transitions()
+    assert struct.unpack_from("<I", file.read_bytes(), 8) == (checkpoint.FORMAT_VERSION,)
+    with PrioritizedReplayBuffer.load(file) as copy:
+        assert copy.get_stored_size() == 2
+    _crafted_versioned(file, _version(1))
     assert struct.unpack_from("<I", file.read_bytes(), 8) == (1,)
     with PrioritizedReplayBuffer.load(file) as copy:
-        assert copy.get_stored_size() == 2
-    _crafted(file, lambda description, sections: None)   # rewritten as it was: loads
-    with PrioritizedReplayBuffer.load(file) as copy:
-        assert copy.get_stored_size() == 2
+        assert copy.get_stored_size() == 2 and copy.get_max_priority() == 2.0
+        for name, column in copy.get_all_transitions().items():
+            np.testing.assert_array_equal(column, expected[name])
     _crafted_versioned(file, _version(2))
     with refused(file, "format version 2 without a lane section"):
         PrioritizedReplayBuffer.load(file)

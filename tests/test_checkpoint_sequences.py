@@ -42,6 +42,7 @@ import _sequence_streams as streams  # noqa: E402
 from _workers import tree_problems  # noqa: E402
 from test_checkpoint import _crafted, refused  # noqa: E402
 from test_checkpoint_lanes import (  # noqa: E402
+    _crafted_versioned,
     _version,
     assert_refused_after,
     saves_during_writes,
@@ -141,7 +142,7 @@ def test_round_trip_is_the_same_buffer(cls, backend, tmp_path):
         assert not everything["mask"].all(), "no padded sequence"
         assert lane_writes(rb).min() > 2 * lane_slots, "a lane did not wrap twice"
         rb.save(file)
-        assert struct.unpack_from("<I", file.read_bytes(), 8) == (3,)   # a sequence file
+        assert struct.unpack_from("<I", file.read_bytes(), 8) == (checkpoint.FORMAT_VERSION,)
         opened = open_starts(rb)
         path = {"path": str(tmp_path / "copy.buf")} if backend == "mmap" else {}
         with cls.attach(rb.name, seed=11) as view, \
@@ -247,7 +248,7 @@ def test_save_while_writer_processes_add_sequences(tmp_path):
         states, wrapped = set(), False
         replays = {stream: Replay(stream) for stream in range(2)}
         for file in files:
-            assert struct.unpack_from("<I", file.read_bytes(), 8) == (3,)
+            assert struct.unpack_from("<I", file.read_bytes(), 8) == (checkpoint.FORMAT_VERSION,)
             with PrioritizedReplayBuffer.load(file, seed=3) as copy:
                 states.add(copy._store.rows_added)
                 everything, slots = copy._sampler._sequences.all_rows(copy._layout.capacity,
@@ -436,7 +437,8 @@ def _drop_sequence(description, sections):
     (lambda d, s: d["state"].pop("open_sequences"), "open_sequences"),
     (lambda d, s: s.update(rows=s["rows"][:-64]), "bytes of rows"),
     (lambda d, s: s.pop("lanes"), r"sections \['lanes'\] missing"),
-    (_drop_sequence, "format version 3 without a sequence section"),
+    (lambda d, s: (_drop_sequence(d, s), _version(3)(d, s)),
+     "format version 3 without a sequence section"),
     (_version(2), "format version 2 with a sequence section"),
     (_version(1), "format version 1 with a lane section"),
     (lambda d, s: d.update(nstep={"size": 3, "gamma": 0.9, "rew": "obs", "next": "obs"}),
@@ -483,20 +485,23 @@ def test_flipped_and_cut_bytes_of_a_sequence_file_are_refused(saved):
             PrioritizedReplayBuffer.load(saved)
 
 
-def test_older_readers_refuse_a_sequence_file_by_its_version(saved, monkeypatch):
-    """A sequence buffer's file is version 3: a reader of versions 1 and 2 (this version's reader
-    with its older list) refuses it from its prefix, naming both; plain and laned files keep
-    their versions 1 and 2."""
-    assert struct.unpack_from("<I", saved.read_bytes(), 8) == (3,)
-    monkeypatch.setattr(checkpoint, "_READABLE", (1, 2))
-    monkeypatch.setattr(checkpoint, "_READS", "versions 1 and 2")
-    with refused(saved, "format version 3; this cpprb_ray reads versions 1 and 2"):
+def test_older_readers_refuse_a_newer_file_by_its_version_and_version_3_still_loads(
+        saved, monkeypatch):
+    """Every save writes the newest version: a reader of versions 1 to 3 (this version's reader
+    with its older list) refuses it from its prefix, naming both. The same sequence buffer's
+    file written as version 3 (a crc32 of the payload, as the release before wrote it) loads
+    the same sequences."""
+    assert struct.unpack_from("<I", saved.read_bytes(), 8) == (checkpoint.FORMAT_VERSION,)
+    monkeypatch.setattr(checkpoint, "_READABLE", (1, 2, 3))
+    monkeypatch.setattr(checkpoint, "_READS", "versions 1 to 3")
+    with refused(saved, f"format version {checkpoint.FORMAT_VERSION}; this cpprb_ray reads "
+                        f"versions 1 to 3"):
         PrioritizedReplayBuffer.load(saved)
     monkeypatch.undo()
-    folder = saved.parent
-    with PrioritizedReplayBuffer(8, {"obs": {}}) as plain, \
-            PrioritizedReplayBuffer(8, {"obs": {}}, lanes=2) as laned:
-        for rb, name, version in ((plain, "plain.ckpt", 1), (laned, "laned.ckpt", 2)):
-            rb.add(obs=[1.0, 2.0])
-            rb.save(folder / name)
-            assert struct.unpack_from("<I", (folder / name).read_bytes(), 8) == (version,)
+    with PrioritizedReplayBuffer.load(saved) as copy:
+        expected = copy.get_all_transitions()
+    _crafted_versioned(saved, _version(3))
+    assert struct.unpack_from("<I", saved.read_bytes(), 8) == (3,)
+    with PrioritizedReplayBuffer.load(saved) as copy:
+        for name, column in copy.get_all_transitions().items():
+            np.testing.assert_array_equal(column, expected[name])

@@ -1,0 +1,13 @@
+"""Type stubs for XXH64, the checksum of a checkpoint's payload (internal)."""
+
+from typing import Any
+
+from typing_extensions import disjoint_base
+
+@disjoint_base
+class Digest:
+    def __init__(self, seed: int = ...) -> None: ...
+    def update(self, data: Any) -> None: ...
+    def intdigest(self) -> int: ...
+
+def xxh64(data: Any, seed: int = ...) -> int: ...
