@@ -416,82 +416,68 @@ cdef int64_t store_gather(StoreView* view, const int64_t* indexes, int64_t batch
 
 # -- update -------------------------------------------------------------------------------------
 
-cdef inline void prefetch_update(const StoreView* view, int64_t index, bint record) noexcept nogil:
-    prefetch(view.tree.sums + index)
+cdef inline void prefetch_update(const double* sums, const uint8_t* rows, int64_t stride,
+                                 int64_t index, bint record) noexcept nogil:
+    prefetch(sums + index)
     if record:
-        prefetch(view.rows + index * view.stride)
+        prefetch(rows + index * stride)
 
 
-cdef inline int64_t update_run(StoreView* view, const int64_t* indexes, const double* weights,
-                               const uint64_t* generations, int64_t bound, int64_t k,
-                               int64_t count) noexcept nogil:
-    """Entries k.. of an update of a buffer whose part has no row test (holds_row NULL), each
-    written as update_entry writes it, up to the first to be skipped: returns its position
-    (count: none). The pointers in locals: a leaf's store could otherwise be the view's own
-    fields to the compiler (extensions build without strict aliasing)."""
-    cdef double* sums = view.tree.sums
-    cdef uint8_t* rows = view.rows
-    cdef int64_t stride = view.stride
-    cdef int64_t index
-    cdef double weight
-    cdef uint64_t generation
-    if generations == NULL:
-        while k < count:
-            if k + GATHER_AHEAD < count:
-                prefetch(sums + indexes[k + GATHER_AHEAD])
-            index = indexes[k]
-            if <uint64_t>index >= <uint64_t>bound:
-                break         # cleared since validation (a negative index too)
-            if is_unset(sums[index]) and (<uint64_t*>(rows + index * stride))[0] & 1:
-                break         # torn (see update_entry)
-            weight = weights[k]
-            sums[index] = weight if weight > 0.0 else unset_leaf()
-            k += 1
-    else:
-        while k < count:
-            if k + GATHER_AHEAD < count:
-                index = indexes[k + GATHER_AHEAD]
-                prefetch(sums + index)
-                prefetch(rows + index * stride)
-            index = indexes[k]
-            if <uint64_t>index >= <uint64_t>bound:
-                break
-            generation = (<uint64_t*>(rows + index * stride))[0]
-            if generation & 1 or generation != generations[k]:
-                break
-            weight = weights[k]
-            sums[index] = weight if weight > 0.0 else unset_leaf()
-            k += 1
-    return k
-
-
-cdef inline bint update_entry(StoreView* view, RowTest holds_row, int64_t bound,
+cdef inline bint update_entry(StoreView* view, RowTest holds_row, double* sums,
+                              const uint8_t* rows, int64_t stride, int64_t bound,
                               const int64_t* indexes, const double* weights,
                               const uint64_t* generations, int64_t k,
                               int64_t count) noexcept nogil:
     """Entry `k` of an update: its leaf written, or False where it is skipped (see
-    store_update)."""
+    store_update); the one place the skip rules are written. `sums`, `rows` and `stride` are
+    the view's, passed in locals: a leaf's store could otherwise be the view's own fields to
+    the compiler (extensions build without strict aliasing), which would reload them every
+    entry."""
     cdef int64_t index
     cdef uint64_t generation
     cdef double weight
     if k + GATHER_AHEAD < count:
-        prefetch_update(view, indexes[k + GATHER_AHEAD], generations != NULL)
+        prefetch_update(sums, rows, stride, indexes[k + GATHER_AHEAD], generations != NULL)
     index = indexes[k]
-    if index < 0 or index >= bound:
-        return False          # cleared since validation
+    if <uint64_t>index >= <uint64_t>bound:
+        return False          # cleared since validation (a negative index too)
     if holds_row != NULL and not holds_row(view, index):
         return False          # a part's slot without a committed row (frames only, evicted, open)
     if generations != NULL:
-        generation = generation_of(view, index)[0]
+        generation = (<const uint64_t*>(rows + index * stride))[0]
         if generation & 1 or generation != generations[k]:
             return False      # torn by a dead writer, or overwritten since it was sampled
-    elif is_unset(view.tree.sums[index]) and generation_of(view, index)[0] & 1:
+    elif is_unset(sums[index]) and (<const uint64_t*>(rows + index * stride))[0] & 1:
         # A torn slot always has an unset leaf, so only such leaves need the record
         # read (one cache miss each) to tell torn rows from rows of weight 0.
         return False
     weight = weights[k]
-    view.tree.sums[index] = weight if weight > 0.0 else unset_leaf()
+    sums[index] = weight if weight > 0.0 else unset_leaf()
     return True
+
+
+cdef inline int64_t update_run(StoreView* view, RowTest holds_row, int64_t bound,
+                               const int64_t* indexes, const double* weights,
+                               const uint64_t* generations, int64_t count) noexcept nogil:
+    """Entries 0.. of an update, each written by update_entry, up to the first to be skipped:
+    returns its position (count: none). store_update passes holds_row as the literal NULL for
+    a part without a row test, and this passes generations as one where there are none: once
+    inlined, each loop is update_entry specialised by the compiler, the tests of those that
+    are NULL gone: the ring's update is as fast as when its loops were written out by hand (a
+    second copy of the skip rules)."""
+    cdef double* sums = view.tree.sums
+    cdef const uint8_t* rows = view.rows
+    cdef int64_t stride = view.stride
+    cdef int64_t k = 0
+    if generations == NULL:
+        while k < count and update_entry(view, holds_row, sums, rows, stride, bound, indexes,
+                                         weights, NULL, k, count):
+            k += 1
+    else:
+        while k < count and update_entry(view, holds_row, sums, rows, stride, bound, indexes,
+                                         weights, generations, k, count):
+            k += 1
+    return k
 
 
 cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double* priorities,
@@ -504,6 +490,9 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
     cdef int64_t k, applied
     cdef RowTest holds_row = view.part.holds_row
     cdef int64_t bound = view.capacity if holds_row != NULL else <int64_t>h.stored_size
+    cdef double* sums = view.tree.sums
+    cdef const uint8_t* rows = view.rows
+    cdef int64_t stride = view.stride
     cdef double max_priority
     # For a repair after this holder's death: the largest priority it may have written. (Its
     # leaves stay as written; max_priority must cover them, or a sample reports them as
@@ -513,26 +502,24 @@ cdef int64_t store_update(StoreView* view, const int64_t* indexes, const double*
     # Software pipelining: ask for the leaf lines (and the record, when generations are
     # checked) of the entry GATHER_AHEAD places ahead, so several misses are in flight.
     for k in range(min(count, GATHER_AHEAD)):
-        prefetch_update(view, indexes[k], generations != NULL)
+        prefetch_update(sums, rows, stride, indexes[k], generations != NULL)
     h.pending_old_max_priority = all_max
     publish_op(&h.op, OP_UPDATE)
     # While every entry applies (the usual case), the new max_priority is all_max: no
     # per-entry compare. From the first skipped entry on, the entries applied are counted and
     # their priorities compared one by one.
-    k = 0
     if holds_row == NULL:
-        k = update_run(view, indexes, weights, generations, bound, 0, count)
+        k = update_run(view, NULL, bound, indexes, weights, generations, count)  # see update_run
     else:
-        while k < count and update_entry(view, holds_row, bound, indexes, weights, generations,
-                                         k, count):
-            k += 1
+        k = update_run(view, holds_row, bound, indexes, weights, generations, count)
     applied = k
     if k == count:
         max_priority = all_max
     else:
         max_priority = largest(priorities, k, h.max_priority)   # the entries before k
         for k in range(k + 1, count):
-            if update_entry(view, holds_row, bound, indexes, weights, generations, k, count):
+            if update_entry(view, holds_row, sums, rows, stride, bound, indexes, weights,
+                            generations, k, count):
                 applied += 1
                 if priorities[k] > max_priority:
                     max_priority = priorities[k]
