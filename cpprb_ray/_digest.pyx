@@ -173,6 +173,7 @@ cdef class Digest:
 
     Examples
     --------
+    >>> from cpprb_ray._digest import Digest, xxh64
     >>> digest = Digest()
     >>> digest.update(memoryview(b"hello world")[:5])
     >>> hex(digest.intdigest()) == hex(xxh64(b"hello"))
@@ -208,6 +209,7 @@ def xxh64(data, uint64_t seed=0):
 
     Examples
     --------
+    >>> from cpprb_ray._digest import xxh64
     >>> hex(xxh64(b"abc"))
     '0x44bc2cf5ad770999'
     """

@@ -265,6 +265,7 @@ def leaf_problem(const double[::1] leaves, double heaviest, live=None):
     Examples
     --------
     >>> import numpy as np
+    >>> from cpprb_ray._rules import leaf_problem
     >>> leaf_problem(np.array([1.0, -0.0, 2.0]), 4.0) is None
     True
     >>> leaf_problem(np.array([1.0, 0.0, 2.0]), 4.0), leaf_problem(np.array([1.0, 5.0]), 4.0)
