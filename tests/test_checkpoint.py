@@ -917,3 +917,22 @@ def test_a_capacity_the_machine_cannot_hold_is_refused_before_a_buffer_is_made(s
     _crafted(file, lambda description, sections: _consistent(description, sections, 0, 1 << 40))
     with refused(file, f"its capacity {1 << 40} needs a segment of "):
         cpprb_ray.ReplayBuffer.load(file)
+
+
+def test_torn_records_are_found_whatever_the_chunks_cut():
+    """A load scans the rows for torn (odd) generations chunk by chunk, as the chunks arrive:
+    each record is looked at in exactly one chunk, whichever chunk boundaries cut it (its
+    generation's bytes split between two chunks included)."""
+    stride, count = 72, 500
+    random = np.random.default_rng(3)
+    records = np.zeros((count, stride), dtype=np.uint8)
+    generations = random.integers(0, 1 << 40, size=count, dtype=np.uint64) * 2
+    torn = np.sort(random.choice(count, size=37, replace=False))
+    generations[torn] += 1
+    records[:, :8] = generations.view(np.uint8).reshape(count, 8)
+    data = memoryview(records.reshape(-1))
+    for chunk in (1, 7, 8, 64, 71, 72, 73, 4096, len(data)):
+        found = np.concatenate([checkpoint._odd_generations(data[start:start + chunk], start,
+                                                            stride)
+                                for start in range(0, len(data), chunk)])
+        np.testing.assert_array_equal(found, torn, err_msg=f"chunks of {chunk} bytes")
