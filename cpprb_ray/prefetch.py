@@ -14,9 +14,14 @@ The contract (docs/learner.md):
   next ``next()``, which is also when its set may be refilled with batch ``k + depth``. So the
   thread keeps up to ``depth - 1`` batches ready ahead of the one in use. ``copy=True``
   yields owned copies (and frees the set at once).
-- Once the ring is full the thread sleeps until the learner has taken every batch ready, then
-  refills all free sets: one wake-up of it (a system call of the learner's ``next()``) per
-  ``depth - 1`` batches; a ``next()`` whose batch is ready otherwise takes no lock.
+- Once the ring is full the thread waits for the learner to give back a set, spinning without
+  the GIL (``_sync.SpinCounter``) for as long as such waits have lately lasted, at most
+  ``SPIN_SECONDS``: a learner whose step is short hands the set over with no system call and
+  no wake-up, and the thread refills it at once. Where the steps outlast the spin the thread
+  spins less and less, then sleeps until the learner has taken every batch ready and refills
+  all free sets: one wake-up of it (a system call of the learner's ``next()``) per ``depth -
+  1`` batches. A ``next()`` whose batch is ready takes no lock; one whose batch is not spins
+  as long, then sleeps.
 - No allocation per batch: the sets are allocated once, from the first batch's arrays.
 - ``beta`` may be a callable of the batch number ``k`` (0, 1, ...): annealing.
 - Rate limiters keep their exact semantics: a batch counts as sampled when the thread draws
@@ -58,6 +63,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from cpprb_ray import _rules
+from cpprb_ray._sync import SpinCounter
 
 __all__ = ["Prefetch"]
 
@@ -69,6 +75,12 @@ JOIN_SECONDS = 5.0
 
 Beta = Union[float, Callable[[int], float]]
 NEVER = 1 << 62
+# The longest spin of either side before it sleeps: a few Ape-X samples, 1/30 of a pixel
+# learner's step. The thread halves its spin after each spin that ran out (a learner whose steps
+# are longer gets its core back after a few batches), and tries the full spin again after
+# RESPIN_AFTER sleeps (the steps may have become shorter).
+SPIN_SECONDS = 200e-6
+RESPIN_AFTER = 64
 
 
 def _wake(lock: Any) -> None:
@@ -102,10 +114,15 @@ class _Ring:
         # Per batch in batch order: None (the batch is in set k % depth) or the exception.
         self.ready: Deque[Optional[BaseException]] = collections.deque()
         self.released = 0          # batches whose set the learner gave back
+        # The same counts, for the other side's spin: `released` (set by the learner) and the
+        # entries of `ready` ever appended (set by the thread, after each append).
+        self.given_back = SpinCounter()
+        self.appended = SpinCounter()
         # The learner wakes the thread once `released` reaches this (the thread sets it
         # before it sleeps; NEVER while it runs).
         self.wake_at = NEVER
         self.pending_timeout = False   # a TimeoutError waits for the learner to see it
+        self.sleeps = 0                # times the thread slept for a set (Prefetch.thread_sleeps)
         self.stop = False
         self.exited = False
         self.thread_wake = threading.Lock()
@@ -123,6 +140,7 @@ class _Ring:
         """Stop the thread: at once where it waits for a set, within one slice where it waits
         on the buffer (the store interrupts that thread's waits)."""
         self.stop = True
+        self.given_back.set(NEVER)   # a spin for a set ends at once
         with self.guard:
             if not self.exited and self.ident is not None and self.interrupt is not None:
                 self.interrupt(self.ident)
@@ -174,22 +192,39 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
     sets = ring.sets
     thread_wake = ring.thread_wake
     learner_wake = ring.learner_wake
-    # Once the ring is full, the thread sleeps until the learner has taken every batch ready
-    # (it then holds the last): one wake-up per depth - 1 batches, not one per batch. Waking
-    # a sleeping thread costs the waker a system call and, where the other core idles, an
-    # interrupt of it: about 8 us of the learner's next() on a loaded 2-core virtual machine,
-    # a lock release without a sleeper 0.2 us.
+    # Once the ring is full, the thread spins for the next set (`spin` seconds at most: while
+    # the learner's steps are short, a set comes back within it and is refilled at once, with
+    # no system call on either side). Where the spin runs out, the thread sleeps until the
+    # learner has taken every batch ready (it then holds the last): one wake-up per depth - 1
+    # batches, not one per batch. Waking a sleeping thread costs the waker a system call and,
+    # where the other core idles, an interrupt of it: about 8 us of the learner's next() on a
+    # loaded 2-core virtual machine, a lock release without a sleeper 0.2 us; and the thread
+    # starts its sample only once the scheduler runs it again.
     wake_after = max(1, depth - 1)
+    given_back = ring.given_back
+    appended = ring.appended
+    entries = 0       # appended to `ready`
+    spin = SPIN_SECONDS
+    sleeps = 0
     try:
         while True:
             while k >= ring.released + depth or ring.pending_timeout:
                 if ring.stop:
                     return
+                if spin and not ring.pending_timeout:
+                    if given_back.wait_for(k - depth + 1, spin):
+                        continue   # set k % depth is back: no sleep, no wake-up
+                    spin = spin / 2 if spin > SPIN_SECONDS / 8 else 0.0
+                elif not spin:
+                    sleeps += 1
+                    if sleeps >= RESPIN_AFTER:
+                        spin, sleeps = SPIN_SECONDS, 0
                 # Woken once the learner gave back set k - depth + wake_after - 1, i.e. took
                 # the last batch ready (after a TimeoutError: once it saw that)
                 wake_at = NEVER if ring.pending_timeout else k - depth + wake_after
                 ring.wake_at = wake_at
                 if ring.released < wake_at or ring.pending_timeout:
+                    ring.sleeps += 1
                     thread_wake.acquire()   # released by the learner (or close())
                 ring.wake_at = NEVER
             if ring.stop:
@@ -212,6 +247,8 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
             except TimeoutError as error:
                 ring.pending_timeout = True   # tried again once the learner saw it
                 ready.append(error)
+                entries += 1
+                appended.set(entries)
                 _wake(learner_wake)
                 continue
             except BaseException as error:  # noqa: BLE001 (the learner's to see)
@@ -219,6 +256,8 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
                     ready.append(error)
                 return
             ready.append(None)
+            entries += 1
+            appended.set(entries)
             if learner_wake.locked():   # _wake, inlined: once per batch
                 try:
                     learner_wake.release()
@@ -248,6 +287,10 @@ class Prefetch:
     wait_seconds : float
         Seconds the learner spent waiting in ``next()`` for a batch not yet ready: what
         prefetching did not hide.
+    thread_sleeps : int
+        Times the thread slept until the learner gave a set back (each one a wake-up in a
+        ``next()``), where its spin ran out: about one per ``depth - 1`` batches when the
+        learner's steps are long, few when they are short.
 
     Examples
     --------
@@ -305,6 +348,7 @@ class Prefetch:
         self._done = False
         self.batches = 0
         self.wait_seconds = 0.0
+        self._taken = 0   # entries of the ring's `ready` taken (batches and errors)
         store = getattr(rb, "_store", None)
         ring.interrupt = getattr(store, "interrupt_waits", None)
         ring.resume = getattr(store, "resume_waits", None)
@@ -329,6 +373,7 @@ class Prefetch:
         if self._held:   # the batch the learner held: its set may be refilled now
             self._held = False
             ring.released = released = ring.released + 1
+            ring.given_back.set(released)
             if released >= ring.wake_at:   # the thread sleeps until now
                 _wake(ring.thread_wake)
         ready = self._ready
@@ -339,6 +384,7 @@ class Prefetch:
         except IndexError:   # the thread ended without a word: it was stopped
             self._done = True
             raise StopIteration from None
+        self._taken += 1
         if failed is not None:
             if isinstance(failed, TimeoutError):
                 ring.pending_timeout = False
@@ -356,6 +402,7 @@ class Prefetch:
             assert arrays is not None   # filled before its batch was queued
             batch = _views({key: value.copy() for key, value in arrays.items()}, self._tensors)
             ring.released = released = ring.released + 1
+            ring.given_back.set(released)
             if released >= ring.wake_at:
                 _wake(ring.thread_wake)
             return batch
@@ -366,9 +413,10 @@ class Prefetch:
         return views.copy()
 
     def _wait(self, ring: _Ring) -> None:
-        """Sleep until the thread has a batch (or an error) ready, or has ended."""
+        """Spin, then sleep, until the thread has a batch (or an error) ready, or has ended."""
         started = time.perf_counter()
         ready = ring.ready
+        ring.appended.wait_for(self._taken + 1, SPIN_SECONDS)
         while not ready and not ring.exited:
             ring.learner_wake.acquire()   # the thread releases it after each batch
         self.wait_seconds += time.perf_counter() - started
@@ -381,6 +429,10 @@ class Prefetch:
         if self._tensors != "jax":
             self._views[slot] = views
         return views
+
+    @property
+    def thread_sleeps(self) -> int:
+        return self._ring.sleeps
 
     # -- lifetime -------------------------------------------------------------------------------
 

@@ -20,7 +20,14 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from cpprb_ray import MinSize, PrioritizedReplayBuffer, ReplayBuffer, SampleToInsertRatio
+from cpprb_ray import (
+    MinSize,
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    SampleToInsertRatio,
+    prefetch,
+)
+from cpprb_ray._sync import SpinCounter
 from cpprb_ray.prefetch import Prefetch
 
 ENV = {"obs": {"shape": 3}, "act": {"dtype": "int64"}, "rew": {}}
@@ -161,9 +168,11 @@ def drawn_batches(rb, batch, count, seconds=2.0):
     return rb.stats()["samples"] // batch
 
 
-def test_a_full_ring_is_refilled_once_the_learner_took_every_ready_batch():
-    """The thread sleeps from a full ring until the learner has taken the last batch ready
-    (one wake-up of it per depth - 1 batches), then refills every free set."""
+def test_a_full_ring_is_refilled_once_the_learner_took_every_ready_batch(monkeypatch):
+    """Without its spin (as when the learner's steps outlast it), the thread sleeps from a full
+    ring until the learner has taken the last batch ready (one wake-up of it per depth - 1
+    batches), then refills every free set."""
+    monkeypatch.setattr(prefetch, "SPIN_SECONDS", 0.0)
     with PrioritizedReplayBuffer(4096, ENV, seed=0) as rb:
         fill(rb, ENV, 1024, 4)
         with rb.prefetch(64, depth=4) as batches:
@@ -177,6 +186,56 @@ def test_a_full_ring_is_refilled_once_the_learner_took_every_ready_batch():
             for _ in range(20):
                 next(batches)
             assert drawn_batches(rb, 64, 24) >= 24 and batches.batches == 24
+
+
+def test_a_learner_within_the_spin_hands_sets_over_without_waking_the_thread(monkeypatch):
+    """A learner that gives each set back within the thread's spin (here a spin of a second, so
+    that a loaded machine cannot make it run out) never makes the thread sleep: no wake-up in
+    any next(). Without the spin the same learner makes it sleep (and wakes it) again and
+    again."""
+    sleeps = {}
+    with PrioritizedReplayBuffer(4096, ENV, seed=0) as rb:
+        fill(rb, ENV, 1024, 4)
+        for spin in (1.0, 0.0):
+            monkeypatch.setattr(prefetch, "SPIN_SECONDS", spin)
+            with rb.prefetch(16, depth=2) as batches:
+                for _ in range(400):
+                    next(batches)
+                sleeps[spin] = batches.thread_sleeps
+    assert sleeps[1.0] == 0 and sleeps[0.0] >= 50, sleeps
+
+
+def test_close_stops_a_spinning_thread_at_once():
+    """close() while the thread spins for a set (the learner holds the only one): it ends
+    within its spin, and close() returns long before JOIN_SECONDS."""
+    with ReplayBuffer(64, {"obs": {}}, seed=0) as rb:
+        rb.add(obs=np.arange(8.0))
+        for _ in range(20):
+            batches = rb.prefetch(4, depth=1)
+            next(batches)            # the thread now waits for that set
+            started = time.perf_counter()
+            batches.close()
+            assert time.perf_counter() - started < 0.5
+            assert not batches._thread.is_alive()
+
+
+def test_a_spin_counter_waits_without_the_gil_and_for_no_longer_than_asked():
+    """wait_for spins with the GIL released (this thread raises the count while another
+    spins), returns True once the count is reached and False when the time runs out."""
+    counter = SpinCounter()
+    results = []
+    spinner = threading.Thread(target=lambda: results.append(counter.wait_for(5, 10.0)))
+    started = time.perf_counter()
+    spinner.start()
+    for value in range(6):     # Python code of this thread, run while the other spins
+        counter.set(value)
+    spinner.join()
+    assert results == [True] and time.perf_counter() - started < 2.0
+    assert counter.value == 5
+    started = time.perf_counter()
+    assert counter.wait_for(6, 0.02) is False
+    assert 0.02 <= time.perf_counter() - started < 1.0
+    assert counter.wait_for(5, 0.0) is True and counter.wait_for(6, -1.0) is False
 
 
 def test_copy_yields_owned_arrays():
