@@ -476,6 +476,10 @@ def main() -> None:
                         help="run the threads runs alone")
     parser.add_argument("--rounds", type=int, default=2,
                         help="rounds of the threads runs (each: 2 threads, then 1)")
+    parser.add_argument("--spin-seconds", type=float, default=None,
+                        help="the prefetch hand-over's longest spin (default: the library's, "
+                             "cpprb_ray.prefetch.SPIN_SECONDS; 0: sleep at once, as before the "
+                             "spin)")
     parser.add_argument("--threads-probe", help=argparse.SUPPRESS)
     parser.add_argument("--capacity-log2", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -500,10 +504,15 @@ def main() -> None:
     if unknown:
         parser.error(f"--workloads expects some of {','.join(WORKLOADS)}; got {unknown}")
     cpprb_ray = _common.import_cpprb_ray()
+    if args.spin_seconds is not None:
+        importlib.import_module("cpprb_ray.prefetch").SPIN_SECONDS = args.spin_seconds
     info = _common.run_info(args.quick)
+    info["spin_seconds"] = importlib.import_module("cpprb_ray.prefetch").SPIN_SECONDS
     peers, skipped = wanted_peers(args.peers)
     info["peers"], info["skipped"] = sorted(peers), skipped
     print(_common.header(info), flush=True)
+    print(f"prefetch hand-over: spins for at most {info['spin_seconds'] * 1e6:.0f} us, then "
+          f"sleeps", flush=True)
     for key, why in skipped.items():
         print(f"{key}: skipped ({why})", flush=True)
     rows: List[Dict[str, Any]] = []
