@@ -301,7 +301,7 @@ def read_file(file: Any, check: Optional[Callable[[Dict[str, Any]], Any]] = None
     when its payload could not fit in the memory this process may use; OSError when it cannot
     be read at all. The description is read and checked first (`check(description)` too, which
     may refuse it), and only then is the payload allocated, at the size the description's
-    sections account for; it is read and checksummed in chunks of 16 MiB.
+    sections account for; it is read and checksummed in chunks of 4 MiB.
 
     Examples
     --------
