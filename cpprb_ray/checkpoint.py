@@ -87,13 +87,6 @@ def _align(value: int) -> int:
     return (value + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def _crc32(data: Any, crc: int = 0) -> int:
-    view = memoryview(data).cast("B")
-    for start in range(0, len(view), _CRC_CHUNK):
-        crc = zlib.crc32(view[start:start + _CRC_CHUNK], crc)
-    return crc
-
-
 class _Crc32:
     """The payload's checksum of versions 1 to 3, behind _digest.Digest's interface."""
 
@@ -101,7 +94,9 @@ class _Crc32:
         self.value = 0
 
     def update(self, data: Any) -> None:
-        self.value = _crc32(data, self.value)
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), _CRC_CHUNK):
+            self.value = zlib.crc32(view[start:start + _CRC_CHUNK], self.value)
 
     def intdigest(self) -> int:
         return self.value
