@@ -41,6 +41,7 @@ cdef class ReplayStore:
     cdef int active                 # threads of this process inside a call on this store
     cdef bint closing
     cdef set interrupted            # thread idents whose waits end (interrupt_waits)
+    cdef dict holds                 # thread ident: the SpinCounter its calls wait for (hold_calls)
     cdef ColumnTable columns
     cdef SampleOutputs outputs      # what sample() fills (the ring's sampler)
 

@@ -48,7 +48,7 @@ from cpprb_ray._segment cimport (ST_ALL_TORN, ST_ALL_ZERO, ST_CORRUPT, ST_EMPTY,
                                  ST_NO_LANE, ST_OK, ST_RATE_LIMITED, Header)
 from cpprb_ray._segtree cimport (Xoshiro256, min_key, rng_seed, tree_min, tree_prefetch_leaves,
                                  tree_total)
-from cpprb_ray._sync cimport gate_wait, gate_wake, monotonic_seconds, mutex_holder
+from cpprb_ray._sync cimport SpinCounter, gate_wait, gate_wake, monotonic_seconds, mutex_holder
 
 import math
 import os
@@ -58,6 +58,7 @@ import numpy as np
 
 from cpprb_ray import _rules
 from cpprb_ray._segtree import _seed_from
+from cpprb_ray._sync import SpinExpired
 
 include "_admission.pxi"
 
@@ -260,6 +261,7 @@ cdef class ReplayStore:
     def __cinit__(self):
         self._has_buffer = False
         self.interrupted = set()
+        self.holds = {}
 
     def __init__(self, memory, columns, seed=None, lock_timeout=DEFAULT_LOCK_TIMEOUT_S, *,
                  prioritized=None):
@@ -315,9 +317,13 @@ cdef class ReplayStore:
             raise ValueError("operation on a closed buffer")
         if self.forks_seen != fork_generation:
             # A forked child: threads the parent had inside a call do not exist here, and the
-            # sampler must not draw the parent's samples.
+            # sampler must not draw the parent's samples; nor are its threads' holds and
+            # interrupts (hold_calls, interrupt_waits) of threads here, whose idents the
+            # child's threads may be given.
             self.forks_seen = fork_generation
             self.active = 0
+            self.holds.clear()
+            self.interrupted.clear()
             rng_seed(&self.rng, _seed_from(None))
         self.active += 1
         return 0
@@ -342,14 +348,24 @@ cdef class ReplayStore:
         cdef double deadline = -1.0
         cdef RateCall rate
         cdef bint limited = side != SIDE_NONE and self.view.limited
+        cdef SpinCounter hold = None
+        cdef bint holding = False, held = True
         if limited:
             if rows > 0 and side != SIDE_RESET:
                 check_admissible(self, side, rows)
             rate_start(&rate, side, rows, timeout)
+        if self.holds:
+            hold = self.holds.get(PyThread_get_thread_ident())
+            holding = hold is not None
         while True:
             with nogil:
-                status = store_lock(&self.view, LOCK_SLICE_S)
-                if status == ST_OK:
+                if holding:
+                    # Spun in the same stretch without the GIL as the kernel: the call starts
+                    # the moment the count comes, whoever holds the GIL then.
+                    held = hold.pass_armed()
+                    holding = False
+                status = store_lock(&self.view, LOCK_SLICE_S) if held else ST_OK
+                if status == ST_OK and held:
                     if limited and not rate_admits(&self.view, &rate):
                         result = ST_RATE_LIMITED
                     else:
@@ -359,6 +375,9 @@ cdef class ReplayStore:
                     store_unlock(&self.view)
                     if limited:
                         rate_after_unlock(self.view.limiter, &rate, wake)
+            if not held:
+                raise SpinExpired("the count this thread's calls wait for (hold_calls) did not "
+                                  "come within its spin, or was stopped: nothing was done")
             if status == ST_LOCK_TIMEOUT:
                 PyErr_CheckSignals()       # Ctrl-C interrupts a wait (KeyboardInterrupt)
                 self.check_interrupted()
@@ -391,6 +410,19 @@ cdef class ReplayStore:
         learner (cpprb_ray.prefetch) is stopped while the limiter holds it back, where Ctrl-C
         cannot reach it. Its call leaves nothing done (the limiter counts no wait for it)."""
         self.interrupted.add(int(thread_id))
+
+    def hold_calls(self, thread_id, SpinCounter counter):
+        """Make each call of the thread `thread_id` on this store, while `counter` has a wait
+        armed (``counter.arm(target, seconds)``), first spin for that count without the GIL,
+        in the same stretch as its kernel, then go on; where the spin runs out (or the counter
+        is stopped) the call does nothing and raises SpinExpired. How a prefetch thread starts
+        its sample the moment the learner gives a set back (cpprb_ray.prefetch): a thread that
+        needed the GIL between the two would wait for the learner to let it go."""
+        self.holds[int(thread_id)] = counter
+
+    def release_calls(self, thread_id):
+        """Undo :meth:`hold_calls` for `thread_id`."""
+        self.holds.pop(int(thread_id), None)
 
     def resume_waits(self, thread_id):
         """Undo :meth:`interrupt_waits` for `thread_id` (a thread id may be reused)."""

@@ -1,7 +1,7 @@
 # cython: language_level=3
 # A process-shared, robust pthread mutex that lives inside the segment it guards.
 
-from libc.stdint cimport uint32_t
+from libc.stdint cimport int64_t, uint32_t
 from posix.time cimport timespec
 
 cdef extern from "<pthread.h>" nogil:
@@ -61,3 +61,11 @@ cdef class SharedMutex:
     cdef object _owner
     cdef Py_buffer _buffer
     cdef bint _has_buffer
+
+cdef class SpinCounter:
+    cdef int64_t count
+    cdef int64_t stopped_flag
+    cdef int64_t armed_target          # -1: none armed
+    cdef double armed_seconds
+    cdef bint pass_armed(self) noexcept nogil
+    cdef bint spin(self, int64_t target, double seconds) noexcept nogil

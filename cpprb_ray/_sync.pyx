@@ -318,6 +318,12 @@ cdef enum:
     SPINS_PER_CLOCK = 64   # spins between two reads of the clock (one read: about 20 ns)
 
 
+class SpinExpired(Exception):
+    """A call that was to wait for a :class:`SpinCounter` first (``arm``, and a store's
+    ``hold_calls``) did nothing: the count did not reach its target within the spin, or the
+    counter was stopped."""
+
+
 @cython.auto_pickle(False)   # a count between two threads of one process: nothing to send
 cdef class SpinCounter:
     """A count that one thread of a process raises and another waits on: without the GIL and
@@ -326,6 +332,11 @@ cdef class SpinCounter:
     on the 2-vCPU virtual machines measured, as long as an Ape-X sample. A wait that ends
     sooner than that is cheaper spun; a longer one should sleep (the caller's choice: a
     spinning thread holds a core).
+
+    A wait may also be armed (:meth:`arm`) for a C caller to spin on later
+    (:meth:`pass_armed`, without the GIL): how a store's call waits for a count in the same
+    stretch without the GIL as its kernel, so that the thread needs no GIL between the count
+    coming and its work starting. :meth:`stop` ends every wait at once, unreached.
 
     Examples
     --------
@@ -339,27 +350,86 @@ cdef class SpinCounter:
     >>> counter.wait_for(2, 5.0), counter.value
     (True, 3)
     >>> raiser.join()
+    >>> counter.stop()
+    >>> counter.wait_for(9, 5.0), counter.stopped    # at once
+    (False, True)
     """
 
-    cdef int64_t count
+    def __cinit__(self):
+        self.armed_target = -1
 
     @property
     def value(self):
         """The count (as the last :meth:`set` left it)."""
         return load_acquire(&self.count)
 
+    @property
+    def stopped(self):
+        """Whether :meth:`stop` was called."""
+        return load_acquire(&self.stopped_flag) != 0
+
+    @property
+    def armed(self):
+        """Whether a wait is armed (:meth:`arm`) and not yet passed."""
+        return self.armed_target >= 0
+
     def set(self, int64_t value):
         """Make the count `value`; a thread waiting for it sees it at once."""
         store_release(&self.count, value)
 
-    def wait_for(self, int64_t target, double seconds):
-        """True once the count is at least `target`; False after `seconds` if it is not. Spins
-        with the GIL released, so the thread that raises the count runs meanwhile."""
-        cdef bint reached = load_acquire(&self.count) >= target
+    def stop(self):
+        """End every wait, now and later, unreached (a thread spinning sees it at once)."""
+        store_release(&self.stopped_flag, 1)
+
+    def arm(self, int64_t target, double seconds):
+        """Arm a wait for the count to reach `target` (>= 0), spun later for at most `seconds`
+        by :meth:`pass_armed` (one pass disarms it). The thread that arms it passes it."""
+        if target < 0:
+            raise ValueError(f"target must be >= 0; got {target}")
+        self.armed_seconds = seconds
+        self.armed_target = target
+
+    cdef bint pass_armed(self) noexcept nogil:
+        """Spin for the armed wait, then disarm it: True once the count reached the target
+        (at once where it had, or none was armed); False where the spin ran out or the
+        counter was stopped."""
+        cdef int64_t target = self.armed_target
+        self.armed_target = -1
+        if target < 0:
+            return True
+        return self.spin(target, self.armed_seconds)
+
+    cdef bint spin(self, int64_t target, double seconds) noexcept nogil:
         cdef double deadline
         cdef int64_t spins = 0
-        if reached or not seconds > 0.0:
-            return reached
+        if load_acquire(&self.stopped_flag):
+            return False
+        if load_acquire(&self.count) >= target:
+            return True
+        if not seconds > 0.0:
+            return False
+        deadline = monotonic_seconds() + seconds
+        while True:
+            if load_acquire(&self.count) >= target:
+                return True
+            cpu_relax()
+            spins += 1
+            if spins % SPINS_PER_CLOCK == 0 and (load_acquire(&self.stopped_flag)
+                                                 or monotonic_seconds() >= deadline):
+                return False
+
+    def wait_for(self, int64_t target, double seconds):
+        """True once the count is at least `target`; False after `seconds` if it is not, or at
+        once when stopped. Spins with the GIL released, so the thread that raises the count
+        runs meanwhile."""
+        cdef bint reached
+        if load_acquire(&self.stopped_flag):
+            return False
+        if load_acquire(&self.count) >= target or not seconds > 0.0:
+            return load_acquire(&self.count) >= target
+        with nogil:
+            reached = self.spin(target, seconds)
+        return reached
         with nogil:
             deadline = monotonic_seconds() + seconds
             while True:

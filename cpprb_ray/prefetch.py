@@ -63,7 +63,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from cpprb_ray import _rules
-from cpprb_ray._sync import SpinCounter
+from cpprb_ray._store import ReplayStore
+from cpprb_ray._sync import SpinCounter, SpinExpired
 
 __all__ = ["Prefetch"]
 
@@ -140,7 +141,7 @@ class _Ring:
         """Stop the thread: at once where it waits for a set, within one slice where it waits
         on the buffer (the store interrupts that thread's waits)."""
         self.stop = True
-        self.given_back.set(NEVER)   # a spin for a set ends at once
+        self.given_back.stop()   # a spin for a set ends at once
         with self.guard:
             if not self.exited and self.ident is not None and self.interrupt is not None:
                 self.interrupt(self.ident)
@@ -180,9 +181,20 @@ def _views(arrays: Dict[str, np.ndarray], tensors: Optional[str]) -> Dict[str, A
             for key, value in arrays.items()}
 
 
+def _sleep_for_set(ring: _Ring, k: int, wake_after: int) -> None:
+    """Sleep until the learner has taken every batch ready (it then holds the last): once
+    it gave back set k - depth + wake_after - 1 (after a TimeoutError: once it saw that)."""
+    wake_at = NEVER if ring.pending_timeout else k - ring.depth + wake_after
+    ring.wake_at = wake_at
+    if ring.released < wake_at or ring.pending_timeout:
+        ring.sleeps += 1
+        ring.thread_wake.acquire()   # released by the learner (or close())
+    ring.wake_at = NEVER
+
+
 def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: int,
          beta: Beta, takes_beta: bool, timeout: Optional[float],
-         allocate: Callable[[np.ndarray], np.ndarray]) -> None:
+         allocate: Callable[[np.ndarray], np.ndarray], store: Any) -> None:
     """The thread: draw batch k into set k % depth once the learner gave that set back. Its
     Python per batch is this loop and the sample call: the learner waits for the GIL while
     the thread holds it, so nothing else is done here (no dict, no lock but a wait's)."""
@@ -190,28 +202,39 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
     depth = ring.depth
     ready = ring.ready
     sets = ring.sets
-    thread_wake = ring.thread_wake
     learner_wake = ring.learner_wake
     # Once the ring is full, the thread spins for the next set (`spin` seconds at most: while
     # the learner's steps are short, a set comes back within it and is refilled at once, with
-    # no system call on either side). Where the spin runs out, the thread sleeps until the
-    # learner has taken every batch ready (it then holds the last): one wake-up per depth - 1
-    # batches, not one per batch. Waking a sleeping thread costs the waker a system call and,
-    # where the other core idles, an interrupt of it: about 8 us of the learner's next() on a
-    # loaded 2-core virtual machine, a lock release without a sleeper 0.2 us; and the thread
-    # starts its sample only once the scheduler runs it again.
+    # no system call on either side). On a local store the spin is armed on `given_back` and
+    # spun by the store's call itself (hold_calls), in the same stretch without the GIL as its
+    # kernel: the sample starts the moment the set comes back. A thread that spun here first
+    # needed the GIL to call the store, which the learner holds from its next() until its step
+    # lets it go, and the sample that started that late still held the buffer's lock when the
+    # learner came to update its priorities. Where the spin runs out, the thread sleeps until
+    # the learner has taken every batch ready: one wake-up per depth - 1 batches, not one per
+    # batch. Waking a sleeping thread costs the waker a system call and, where the other core
+    # idles, an interrupt of it: about 8 us of the learner's next() on a loaded 2-core virtual
+    # machine, a lock release without a sleeper 0.2 us; and the thread starts its sample only
+    # once the scheduler runs it again.
     wake_after = max(1, depth - 1)
     given_back = ring.given_back
     appended = ring.appended
     entries = 0       # appended to `ready`
     spin = SPIN_SECONDS
     sleeps = 0
+    ident = threading.get_ident()
+    held = store is not None
+    if held:
+        store.hold_calls(ident, given_back)
     try:
         while True:
             while k >= ring.released + depth or ring.pending_timeout:
                 if ring.stop:
                     return
                 if spin and not ring.pending_timeout:
+                    if held:
+                        given_back.arm(k - depth + 1, spin)   # spun by the sample's call
+                        break
                     if given_back.wait_for(k - depth + 1, spin):
                         continue   # set k % depth is back: no sleep, no wake-up
                     spin = spin / 2 if spin > SPIN_SECONDS / 8 else 0.0
@@ -219,14 +242,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
                     sleeps += 1
                     if sleeps >= RESPIN_AFTER:
                         spin, sleeps = SPIN_SECONDS, 0
-                # Woken once the learner gave back set k - depth + wake_after - 1, i.e. took
-                # the last batch ready (after a TimeoutError: once it saw that)
-                wake_at = NEVER if ring.pending_timeout else k - depth + wake_after
-                ring.wake_at = wake_at
-                if ring.released < wake_at or ring.pending_timeout:
-                    ring.sleeps += 1
-                    thread_wake.acquire()   # released by the learner (or close())
-                ring.wake_at = NEVER
+                _sleep_for_set(ring, k, wake_after)
             if ring.stop:
                 return
             out = sets[k % depth]
@@ -244,6 +260,12 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
                     for key, value in result.items():
                         np.copyto(made[0][key], value)
                     sets[:] = made
+            except SpinExpired:   # the set did not come back within the spin (or close())
+                if ring.stop:
+                    return
+                spin = spin / 2 if spin > SPIN_SECONDS / 8 else 0.0
+                _sleep_for_set(ring, k, wake_after)
+                continue
             except TimeoutError as error:
                 ring.pending_timeout = True   # tried again once the learner saw it
                 ready.append(error)
@@ -265,6 +287,8 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
                     pass
             k += 1
     finally:
+        if held:
+            store.release_calls(ident)
         with ring.guard:
             ring.exited = True
             if ring.ident is not None and ring.resume is not None:
@@ -352,10 +376,14 @@ class Prefetch:
         store = getattr(rb, "_store", None)
         ring.interrupt = getattr(store, "interrupt_waits", None)
         ring.resume = getattr(store, "resume_waits", None)
+        # A store in this process spins for the set in its own call (hold_calls); a remote
+        # handle's runs in its proxy, so its thread spins here before it calls.
+        local = isinstance(store, ReplayStore)
         takes_beta = "beta" in inspect.signature(sample).parameters
         self._thread = threading.Thread(
             target=_run, name=f"cpprb_ray prefetch {rb.name}", daemon=True,
-            args=(ring, sample, batch_size, beta, takes_beta, timeout, _allocator(tensors)))
+            args=(ring, sample, batch_size, beta, takes_beta, timeout, _allocator(tensors),
+                  store if local else None))
         with ring.guard:
             self._thread.start()
             ring.ident = self._thread.ident

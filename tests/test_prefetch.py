@@ -239,6 +239,100 @@ def test_a_spin_counter_waits_without_the_gil_and_for_no_longer_than_asked():
     assert counter.wait_for(5, 0.0) is True and counter.wait_for(6, -1.0) is False
 
 
+def test_a_stopped_spin_counter_ends_every_wait_at_once():
+    counter = SpinCounter()
+    results = []
+    spinner = threading.Thread(target=lambda: results.append(counter.wait_for(1, 30.0)))
+    spinner.start()
+    time.sleep(0.01)
+    started = time.perf_counter()
+    counter.stop()
+    spinner.join(5.0)
+    assert results == [False] and time.perf_counter() - started < 1.0 and counter.stopped
+    counter.set(3)
+    assert counter.wait_for(1, 1.0) is False   # stopped for good, even once reached
+
+
+def held_sample(rb, counter, out, results):
+    """In a thread of its own: the store holds this thread's calls on `counter`, and one
+    sample into `out` is made (its result, or the exception, appended to `results`)."""
+    store, ident = rb._store, threading.get_ident()
+    store.hold_calls(ident, counter)
+    try:
+        results.append(rb.sample(8, out=out))
+    except Exception as error:   # noqa: BLE001 (the test's to see)
+        results.append(error)
+    finally:
+        store.release_calls(ident)
+
+
+def test_a_held_call_starts_only_once_its_count_comes_and_does_nothing_otherwise():
+    """hold_calls: a held thread's sample spins for the armed count before it takes the lock.
+    Until the count comes nothing is sampled (the samples counted and `out` untouched); once it
+    comes the sample goes through. A spin that runs out, or a counter stopped meanwhile, raises
+    SpinExpired and leaves nothing done; once released, the thread's calls are not held."""
+    with ReplayBuffer(64, {"obs": {}}, seed=0) as rb:
+        rb.add(obs=np.arange(1.0, 17.0))
+        out = rb.sample(8)
+        counter = SpinCounter()
+        for ending in ("count", "timeout", "stop"):
+            out["obs"][:] = -1.0
+            before = rb.stats()["samples"]
+            counter.arm(counter.value + 1, 0.05 if ending == "timeout" else 30.0)
+            results = []
+            thread = threading.Thread(target=held_sample, args=(rb, counter, out, results))
+            thread.start()
+            time.sleep(0.1)
+            if ending != "timeout":
+                assert thread.is_alive() and not results   # still spinning: nothing done
+                assert rb.stats()["samples"] == before and (out["obs"] == -1.0).all()
+            if ending == "count":
+                counter.set(counter.value + 1)
+            elif ending == "stop":
+                counter.stop()
+            thread.join(5.0)
+            assert not thread.is_alive() and len(results) == 1
+            if ending == "count":
+                assert results[0]["obs"] is out["obs"] and (out["obs"] >= 1.0).all()
+                assert rb.stats()["samples"] == before + 8
+            else:
+                assert type(results[0]).__name__ == "SpinExpired", results
+                assert rb.stats()["samples"] == before and (out["obs"] == -1.0).all()
+            assert not counter.armed
+        results = []
+        counter.arm(10 ** 6, 30.0)   # armed, but the thread is no longer held: not waited for
+        thread = threading.Thread(target=lambda: results.append(rb.sample(8)))
+        thread.start()
+        thread.join(5.0)
+        assert len(results) == 1 and counter.armed
+
+
+def test_the_thread_samples_while_the_learner_holds_the_gil(monkeypatch):
+    """The thread spins for a given-back set inside the store's call, without the GIL, so its
+    sample starts the moment next() gives the set back, even while the learner runs Python (and
+    holds the GIL) from then on: here it never lets the GIL go (a switch interval of 100 s),
+    and the given-back set is refilled meanwhile. A thread that needed the GIL between the set
+    coming back and its sample would wait for the learner's next release of it."""
+    monkeypatch.setattr(prefetch, "SPIN_SECONDS", 30.0)
+    with ReplayBuffer(4096, ENV, seed=0) as rb:
+        fill(rb, ENV, 1024, 4)
+        with rb.prefetch(64, depth=2) as batches:
+            first = next(batches)
+            time.sleep(0.1)          # batch 1 drawn; the thread spins for set 0 in its call
+            before = first["obs"].tobytes()
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(100.0)
+            try:
+                next(batches)        # batch 1 is ready: set 0 given back, no wait
+                deadline = time.perf_counter() + 5.0
+                while first["obs"].tobytes() == before and time.perf_counter() < deadline:
+                    pass             # pure Python: the GIL is never let go here
+                refilled = first["obs"].tobytes() != before
+            finally:
+                sys.setswitchinterval(interval)
+            assert refilled
+
+
 def test_copy_yields_owned_arrays():
     with ReplayBuffer(64, ENV, seed=1) as rb, ReplayBuffer(64, ENV, seed=1) as twin:
         fill(rb, ENV, 32, 1)
