@@ -9,7 +9,9 @@ marks the mutex consistent. Waiting always happens with the GIL released.
 It also holds the futex calls that the rate limiter's blocked calls sleep on (``gate_wait``,
 ``gate_wake``): a 32-bit word in the segment that every add or sample advances; and
 :class:`SpinCounter`, the hand-over between a prefetch thread and its learner, which waits
-without sleeping where the wait is shorter than a wake-up.
+without sleeping where the wait is shorter than a wake-up (a store's call can spin on one
+without the GIL before its kernel: ``ReplayStore.hold_calls``), and :class:`Handover`, the
+learner's side of that hand-over in C.
 """
 
 cimport cython
@@ -441,3 +443,90 @@ cdef class SpinCounter:
                 if spins % SPINS_PER_CLOCK == 0 and monotonic_seconds() >= deadline:
                     break
         return reached
+
+
+@cython.auto_pickle(False)   # one learner's hand-over with its own thread: nothing to send
+cdef class Handover:
+    """The learner's side of a prefetch ring (cpprb_ray.prefetch), in C: a learner whose next
+    batch is ready gives back the set it held and takes that batch here, in about a quarter
+    of the time the same steps took as Python (about 1 us after a step that left the cache
+    cold: 5% of an Ape-X sample).
+
+    The thread appends an entry to `ready` per batch (None: in set ``batches % depth``; or the
+    exception that replaces it). :meth:`take` is the common path only: it returns None, having
+    taken nothing but the give-back, where the next entry is not a ready batch with its views
+    made (then the caller waits, raises the error or makes the views).
+
+    Examples
+    --------
+    >>> import collections, threading
+    >>> from cpprb_ray._sync import Handover, SpinCounter
+    >>> ready, wake = collections.deque(), threading.Lock()
+    >>> hand = Handover(2, ready, wake, SpinCounter())
+    >>> hand.take() is None          # nothing ready
+    True
+    >>> ready.append(None)
+    >>> hand.views[0] = {"obs": "set 0"}
+    >>> hand.take(), hand.batches, hand.released
+    ({'obs': 'set 0'}, 1, 0)
+    >>> hand.take(), hand.released, hand.given_back.value     # set 0 given back
+    (None, 1, 1)
+    """
+
+    cdef readonly int64_t released      # sets the learner gave back
+    cdef public int64_t taken           # entries of `ready` taken (batches and errors)
+    cdef public int64_t batches         # batches taken
+    cdef public int64_t wake_at         # the thread sleeps until `released` reaches this
+    cdef public bint held               # the learner holds set (batches - 1) % depth
+    cdef readonly int64_t depth
+    cdef readonly SpinCounter given_back
+    cdef readonly list views            # per set: the dict yielded for it, or None
+    cdef object ready
+    cdef object thread_wake
+
+    def __cinit__(self, *args, **kwargs):
+        # Usable before (or without) __init__: a subclass's may skip it.
+        self.depth = 1
+        self.views = [None]
+        self.given_back = SpinCounter()
+        self.wake_at = 1 << 62
+
+    def __init__(self, int64_t depth, ready, thread_wake, SpinCounter given_back not None):
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1; got {depth}")
+        self.depth = depth
+        self.ready = ready
+        self.thread_wake = thread_wake
+        self.given_back = given_back
+        self.views = [None] * depth
+
+    cpdef give_back(self):
+        """Give back one set: the thread may refill it (and is woken where it sleeps until
+        then)."""
+        self.released += 1
+        store_release(&self.given_back.count, self.released)
+        if self.released >= self.wake_at:
+            wake = self.thread_wake
+            if wake.locked():
+                try:
+                    wake.release()
+                except RuntimeError:   # another waker released it first
+                    pass
+
+    cpdef take(self):
+        """Give back the set held, then take the next batch where it is ready (its views, a
+        new dict); None where it is not (nothing more taken)."""
+        cdef object views
+        if self.held:
+            self.held = False
+            self.give_back()
+        if not self.ready or self.ready[0] is not None:
+            return None
+        views = self.views[self.batches % self.depth]
+        if views is None:
+            return None
+        self.ready.popleft()
+        self.taken += 1
+        self.batches += 1
+        self.held = True
+        return (<dict>views).copy()

@@ -64,7 +64,7 @@ import numpy as np
 
 from cpprb_ray import _rules
 from cpprb_ray._store import ReplayStore
-from cpprb_ray._sync import SpinCounter, SpinExpired
+from cpprb_ray._sync import Handover, SpinCounter, SpinExpired
 
 __all__ = ["Prefetch"]
 
@@ -101,7 +101,8 @@ class _Ring:
     The hand-over is lock-free on its common path: the thread appends to `ready` (None for a
     batch, in order, or the exception that replaces one) and the learner pops from it (a
     deque's append and popleft are atomic); the learner counts the sets it gave back in
-    `released`, which only it writes. Each side sleeps on a lock of its own (`thread_wake`,
+    `hand.released`, which only it writes (`hand`: the learner's side, in C:
+    ``_sync.Handover``). Each side sleeps on a lock of its own (`thread_wake`,
     `learner_wake`: held while no wake-up is pending) only when it has to wait, and the other
     side releases that lock after changing what the sleeper waits for: a learner whose batch
     is ready takes it without a lock, a wait or waking anyone but the thread that waits for
@@ -114,14 +115,11 @@ class _Ring:
             list(sets) if sets is not None else [None] * depth)
         # Per batch in batch order: None (the batch is in set k % depth) or the exception.
         self.ready: Deque[Optional[BaseException]] = collections.deque()
-        self.released = 0          # batches whose set the learner gave back
-        # The same counts, for the other side's spin: `released` (set by the learner) and the
-        # entries of `ready` ever appended (set by the thread, after each append).
+        # The same counts, for the other side's spin: the sets the learner gave back (its
+        # hand's `released`) and the entries of `ready` ever appended (set by the thread, after
+        # each append).
         self.given_back = SpinCounter()
         self.appended = SpinCounter()
-        # The learner wakes the thread once `released` reaches this (the thread sets it
-        # before it sleeps; NEVER while it runs).
-        self.wake_at = NEVER
         self.pending_timeout = False   # a TimeoutError waits for the learner to see it
         self.sleeps = 0                # times the thread slept for a set (Prefetch.thread_sleeps)
         self.stop = False
@@ -130,6 +128,9 @@ class _Ring:
         self.learner_wake = threading.Lock()
         self.thread_wake.acquire()
         self.learner_wake.acquire()
+        # The learner's side. It wakes the thread once `hand.released` reaches `hand.wake_at`
+        # (the thread sets it before it sleeps; NEVER while it runs).
+        self.hand = Handover(depth, self.ready, self.thread_wake, self.given_back)
         # Orders an interrupt of the thread's waits against their undoing at its exit (an
         # interrupt after that would stay on a thread id the system may reuse).
         self.guard = threading.Lock()
@@ -184,12 +185,13 @@ def _views(arrays: Dict[str, np.ndarray], tensors: Optional[str]) -> Dict[str, A
 def _sleep_for_set(ring: _Ring, k: int, wake_after: int) -> None:
     """Sleep until the learner has taken every batch ready (it then holds the last): once
     it gave back set k - depth + wake_after - 1 (after a TimeoutError: once it saw that)."""
+    hand = ring.hand
     wake_at = NEVER if ring.pending_timeout else k - ring.depth + wake_after
-    ring.wake_at = wake_at
-    if ring.released < wake_at or ring.pending_timeout:
+    hand.wake_at = wake_at
+    if hand.released < wake_at or ring.pending_timeout:
         ring.sleeps += 1
         ring.thread_wake.acquire()   # released by the learner (or close())
-    ring.wake_at = NEVER
+    hand.wake_at = NEVER
 
 
 def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: int,
@@ -217,6 +219,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
     # machine, a lock release without a sleeper 0.2 us; and the thread starts its sample only
     # once the scheduler runs it again.
     wake_after = max(1, depth - 1)
+    hand = ring.hand
     given_back = ring.given_back
     appended = ring.appended
     entries = 0       # appended to `ready`
@@ -228,7 +231,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
         store.hold_calls(ident, given_back)
     try:
         while True:
-            while k >= ring.released + depth or ring.pending_timeout:
+            while k >= hand.released + depth or ring.pending_timeout:
                 if ring.stop:
                     return
                 if spin and not ring.pending_timeout:
@@ -365,14 +368,12 @@ class Prefetch:
         self._tensors = tensors
         self._copy = bool(copy)
         self._ring = ring = _Ring(depth, out)
-        self._views: List[Optional[Dict[str, Any]]] = [None] * depth
+        self._hand = hand = ring.hand
+        self._take = hand.take
         self._ready = ring.ready
         self._depth = depth
-        self._held = False
         self._done = False
-        self.batches = 0
         self.wait_seconds = 0.0
-        self._taken = 0   # entries of the ring's `ready` taken (batches and errors)
         store = getattr(rb, "_store", None)
         ring.interrupt = getattr(store, "interrupt_waits", None)
         ring.resume = getattr(store, "resume_waits", None)
@@ -397,13 +398,15 @@ class Prefetch:
     def __next__(self) -> Dict[str, Any]:
         if self._done:
             raise StopIteration
-        ring = self._ring
-        if self._held:   # the batch the learner held: its set may be refilled now
-            self._held = False
-            ring.released = released = ring.released + 1
-            ring.given_back.set(released)
-            if released >= ring.wake_at:   # the thread sleeps until now
-                _wake(ring.thread_wake)
+        batch = self._take()   # the held set given back; the next batch, where it is ready
+        if batch is not None:
+            return batch
+        return self._next_waited()
+
+    def _next_waited(self) -> Dict[str, Any]:
+        """next() where the hand's common path did not take a batch: wait for one, raise the
+        thread's error, make a set's views, or copy (`copy=True`)."""
+        ring, hand = self._ring, self._hand
         ready = self._ready
         if not ready:
             self._wait(ring)
@@ -412,7 +415,7 @@ class Prefetch:
         except IndexError:   # the thread ended without a word: it was stopped
             self._done = True
             raise StopIteration from None
-        self._taken += 1
+        hand.taken += 1
         if failed is not None:
             if isinstance(failed, TimeoutError):
                 ring.pending_timeout = False
@@ -420,8 +423,8 @@ class Prefetch:
             else:
                 self._done = True
             raise failed
-        k = self.batches
-        self.batches = k + 1
+        k = hand.batches
+        hand.batches = k + 1
         if self._copy:
             # The set's arrays copied by numpy, then made tensors: a tensor library's own copy
             # of a tensor over the set may share it (JAX takes its arrays for immutable, and
@@ -429,22 +432,23 @@ class Prefetch:
             arrays = ring.sets[k % self._depth]
             assert arrays is not None   # filled before its batch was queued
             batch = _views({key: value.copy() for key, value in arrays.items()}, self._tensors)
-            ring.released = released = ring.released + 1
-            ring.given_back.set(released)
-            if released >= ring.wake_at:
-                _wake(ring.thread_wake)
+            hand.give_back()
             return batch
-        views = self._views[k % self._depth]
+        views = hand.views[k % self._depth]
         if views is None:
             views = self._views_of(k % self._depth)
-        self._held = True
-        return views.copy()
+        hand.held = True
+        return dict(views)
+
+    @property
+    def batches(self) -> int:
+        return int(self._hand.batches)
 
     def _wait(self, ring: _Ring) -> None:
         """Spin, then sleep, until the thread has a batch (or an error) ready, or has ended."""
         started = time.perf_counter()
         ready = ring.ready
-        ring.appended.wait_for(self._taken + 1, SPIN_SECONDS)
+        ring.appended.wait_for(self._hand.taken + 1, SPIN_SECONDS)
         while not ready and not ring.exited:
             ring.learner_wake.acquire()   # the thread releases it after each batch
         self.wait_seconds += time.perf_counter() - started
@@ -455,7 +459,7 @@ class Prefetch:
         assert arrays is not None   # filled before its batch was queued
         views = _views(arrays, self._tensors)
         if self._tensors != "jax":
-            self._views[slot] = views
+            self._hand.views[slot] = views
         return views
 
     @property
