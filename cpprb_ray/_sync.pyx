@@ -530,3 +530,42 @@ cdef class Handover:
         self.batches += 1
         self.held = True
         return (<dict>views).copy()
+
+
+@cython.auto_pickle(False)   # a learner's iterator over its own thread's ring: nothing to send
+cdef class HandIterator:
+    """An iterator whose next() is a :class:`Handover`'s take, in C, and falls back to the
+    subclass's ``_next_waited()`` where no batch was ready (cpprb_ray.prefetch.Prefetch): a
+    ready batch costs no Python frame.
+
+    Examples
+    --------
+    >>> import collections, threading
+    >>> from cpprb_ray._sync import HandIterator, Handover, SpinCounter
+    >>> class Ready(HandIterator):
+    ...     def _next_waited(self):
+    ...         self.done = True
+    ...         raise StopIteration
+    >>> ready = collections.deque([None])
+    >>> batches = Ready()
+    >>> batches.hand = Handover(1, ready, threading.Lock(), SpinCounter())
+    >>> batches.hand.views[0] = {"obs": 1}
+    >>> list(batches), batches.done
+    ([{'obs': 1}], True)
+    """
+
+    cdef public Handover hand
+    cdef public bint done
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        cdef object batch
+        if self.done:
+            raise StopIteration
+        if self.hand is not None:
+            batch = self.hand.take()
+            if batch is not None:
+                return batch
+        return self._next_waited()

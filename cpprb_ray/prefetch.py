@@ -64,7 +64,7 @@ import numpy as np
 
 from cpprb_ray import _rules
 from cpprb_ray._store import ReplayStore
-from cpprb_ray._sync import Handover, SpinCounter, SpinExpired
+from cpprb_ray._sync import HandIterator, Handover, SpinCounter, SpinExpired
 
 __all__ = ["Prefetch"]
 
@@ -299,7 +299,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
         _wake(learner_wake)
 
 
-class Prefetch:
+class Prefetch(HandIterator):
     """An iterator of batches sampled ahead on a background thread; also a context manager.
 
     Made by ``rb.prefetch(batch_size, *, beta=0.4, depth=2, timeout=None, out=None,
@@ -368,11 +368,9 @@ class Prefetch:
         self._tensors = tensors
         self._copy = bool(copy)
         self._ring = ring = _Ring(depth, out)
-        self._hand = hand = ring.hand
-        self._take = hand.take
+        self._hand = self.hand = ring.hand   # next() on a ready batch: HandIterator's, in C
         self._ready = ring.ready
         self._depth = depth
-        self._done = False
         self.wait_seconds = 0.0
         store = getattr(rb, "_store", None)
         ring.interrupt = getattr(store, "interrupt_waits", None)
@@ -392,17 +390,6 @@ class Prefetch:
 
     # -- the iterator ---------------------------------------------------------------------------
 
-    def __iter__(self) -> Prefetch:
-        return self
-
-    def __next__(self) -> Dict[str, Any]:
-        if self._done:
-            raise StopIteration
-        batch = self._take()   # the held set given back; the next batch, where it is ready
-        if batch is not None:
-            return batch
-        return self._next_waited()
-
     def _next_waited(self) -> Dict[str, Any]:
         """next() where the hand's common path did not take a batch: wait for one, raise the
         thread's error, make a set's views, or copy (`copy=True`)."""
@@ -413,7 +400,7 @@ class Prefetch:
         try:
             failed = ready.popleft()
         except IndexError:   # the thread ended without a word: it was stopped
-            self._done = True
+            self.done = True
             raise StopIteration from None
         hand.taken += 1
         if failed is not None:
@@ -421,7 +408,7 @@ class Prefetch:
                 ring.pending_timeout = False
                 _wake(ring.thread_wake)
             else:
-                self._done = True
+                self.done = True
             raise failed
         k = hand.batches
         hand.batches = k + 1
@@ -482,7 +469,7 @@ class Prefetch:
         ...     print(batches.closed)
         True
         """
-        return self._done
+        return self.done
 
     def close(self) -> None:
         """Stop the thread and wait for it (bounded: see the module's notes). Idempotent; the
@@ -497,7 +484,7 @@ class Prefetch:
         ...     print(batches.closed, rb.stats()["rate_limiter"]["sample_timeouts"])
         True 0
         """
-        self._done = True
+        self.done = True
         self._ring.request_stop()
         if self._thread.ident != threading.get_ident():
             self._thread.join(JOIN_SECONDS)
