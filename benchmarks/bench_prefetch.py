@@ -31,6 +31,12 @@ Workloads (``--workloads``, all by default):
   (samples_per_insert 8, error_buffer 4096 rows) and an actor thread adding 64 rows at a time:
   the ratio of samples to inserts at the end, and whether the limiter's diff stayed in its
   window (it does exactly: the thread's samples are admitted under the lock like any other).
+- remote (not run by default: it starts a two-node Ray cluster, benchmarks/_two_nodes.py, and
+  needs root for its mount namespace): the apex buffer at 2^16 rows made here, on the head;
+  the learner is a Ray task on the second node, which cannot see the segment, so that its
+  handle samples and updates through the buffer's proxy actor (cpprb_ray.remote). S is the
+  median ``sample(out=)`` through the proxy there (a Ray call: milliseconds), and the loop
+  runs as above: what prefetch hides of the Ray call's latency.
 - threads: a learner whose step is a float32 192 x 192 matmul through numpy's BLAS or
   (``--threads torch``) through torch's intra-op threads, as a network's layers would be,
   with 2 math threads and with 1 (``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``, and
@@ -85,6 +91,8 @@ PIXEL_EPISODE = 500
 PEERS = ("torchrl",)
 #: The parts of a run, in their order.
 WORKLOADS = ("apex", "pixels", "sequences", "limited", "threads")
+#: Parts run only when asked for (--workloads).
+OPTIONAL_WORKLOADS = ("remote",)
 #: Seconds a run takes at most: its steps are cut to fit (sequences' and TorchRL's samples
 #: take milliseconds), to RUN_MIN_STEPS at the least.
 RUN_BUDGET_S = 4.0
@@ -466,7 +474,8 @@ def main() -> None:
                         help="only these peers (default: every one importable here; none: "
                              "ours alone)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
-                        help=f"the parts to run, comma-separated (default {','.join(WORKLOADS)})")
+                        help=f"the parts to run, comma-separated (default {','.join(WORKLOADS)}; "
+                             f"also: {','.join(OPTIONAL_WORKLOADS)})")
     parser.add_argument("--sequence-steps", type=int, default=None,
                         help="steps in the sequence buffer (default 2**18; --quick 2**14)")
     parser.add_argument("--threads", choices=("numpy", "torch"), default="numpy",
@@ -500,9 +509,10 @@ def main() -> None:
         return
     depths = [int(depth) for depth in args.depths.split(",")]
     workloads = args.workloads.split(",")
-    unknown = sorted(set(workloads) - set(WORKLOADS))
+    unknown = sorted(set(workloads) - set(WORKLOADS) - set(OPTIONAL_WORKLOADS))
     if unknown:
-        parser.error(f"--workloads expects some of {','.join(WORKLOADS)}; got {unknown}")
+        parser.error(f"--workloads expects some of {','.join(WORKLOADS + OPTIONAL_WORKLOADS)}; "
+                     f"got {unknown}")
     cpprb_ray = _common.import_cpprb_ray()
     if args.spin_seconds is not None:
         importlib.import_module("cpprb_ray.prefetch").SPIN_SECONDS = args.spin_seconds
@@ -542,6 +552,8 @@ def main() -> None:
         finally:
             for handle in handles[::-1]:
                 handle.close()
+    if "remote" in workloads:
+        rows += remote_rows(cpprb_ray, steps, depths)
     limited = None
     if "limited" in workloads:
         limited = limited_run(cpprb_ray, 1 << 16, steps)
@@ -557,6 +569,59 @@ def main() -> None:
         with open(args.json, "w") as handle:
             json.dump({"info": info, "rows": rows, "limited": limited, "threads": threads},
                       handle, indent=1)
+
+
+def remote_learner(rb: Any, steps: int, depths: Sequence[int]) -> List[Dict[str, Any]]:
+    """On the node that cannot see `rb`'s segment (a Ray task): S through the proxy, then the
+    learner loop at each T and depth, as run_workload; its rows."""
+    rows = []
+    sample_us = sample_time_us(rb, 256, calls=100)
+    for factor in (0.5, 1.0, 2.0):
+        work = busy_work(factor * sample_us)
+        for depth in (0, *depths):
+            result = learner(rb, 256, work, run_steps(steps, (1 + factor) * sample_us),
+                             depth > 0, depth or 2)
+            rows.append(result_row("cpprb_ray", "remote", factor, factor * sample_us, depth,
+                                   sample_us, result))
+    return rows
+
+
+def remote_rows(cpprb_ray: Any, steps: int, depths: Sequence[int]) -> List[Dict[str, Any]]:
+    """The remote part: a two-node cluster, the apex buffer on the head, the learner a task on
+    the other node (remote_learner); [] (and why on stderr) where the cluster cannot start."""
+    from benchmarks import _two_nodes
+
+    why_not = _two_nodes.can_unshare()
+    if why_not is not None:
+        print(f"remote: skipped ({why_not})", file=sys.stderr, flush=True)
+        return []
+    import ray
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(
+        os.pathsep) if p])
+    cluster = _two_nodes.TwoNodes(path.split(os.pathsep))
+    try:
+        ray.init(address=cluster.start(), log_to_driver=False, runtime_env={
+            "env_vars": {"PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}})
+        _two_nodes.wait_for_nodes(ray, 2)
+        rb = apex_buffer(cpprb_ray, 1 << 16)
+        try:
+            task = ray.remote(num_cpus=0, resources={_two_nodes.REMOTE_RESOURCE: 0.01})(
+                remote_learner)
+            rows = ray.get(task.remote(rb, min(steps, 600), list(depths)), timeout=900)
+        finally:
+            rb.close()
+    finally:
+        ray.shutdown()
+        cluster.stop()
+    for row in rows:   # printed here too: the task's own lines go to its node's log
+        how = f"depth {row['depth']}" if row["prefetch"] else "direct "
+        print(f"remote    cpprb_ray T={row['T_factor']:>4.2g}xS ({row['T_us']:8.1f} us) {how}: "
+              f"wait median {row['wait_us']:8.1f} us ({100 * row['wait_ratio']:5.1f}% of its "
+              f"S={row['sample_us']:.1f} us), update {row['update_us']:8.1f} us, "
+              f"{row['steps_per_s']:8.0f} steps/s ({row['steps']} steps)", flush=True)
+    return rows
 
 
 def wanted_peers(asked: Sequence[str] | None) -> tuple:
