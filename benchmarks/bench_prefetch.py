@@ -14,7 +14,8 @@ it at each depth (interleaved), each for `--steps` steps (3000; --quick 500), cu
 fits in RUN_BUDGET_S seconds (at least RUN_MIN_STEPS): sequences' and TorchRL's samples take
 milliseconds. Reported: the learner-visible wait per step (the time from asking for the batch
 to having it: ``sample(out=)`` without prefetch, ``next()`` with it; median and mean over the
-steps), the median's ratio to S, the priority update's median, and steps per second.
+steps), the median's ratio to S, the network step's median as the learner saw it (T, and any
+wait for the GIL at its end), the priority update's median, and steps per second.
 
 Workloads (``--workloads``, all by default):
 
@@ -60,8 +61,9 @@ peer: TorchRL 0.14 has no rate limiter, and the ``RateLimitedReplayBuffer`` of l
 refuses ``prefetch`` (a ValueError).
 
 --json FILE writes {"info": ..., "rows": [{"library", "workload", "T_factor", "T_us",
-"prefetch", "depth", "sample_us", "wait_us", "mean_wait_us", "wait_ratio", "update_us",
-"steps_per_s", "steps"}, ...], "limited": {...}, "threads": [...]} (T_factor: T over cpprb_ray's S;
+"prefetch", "depth", "sample_us", "wait_us", "mean_wait_us", "wait_ratio", "step_us",
+"update_us", "steps_per_s", "steps"}, ...], "limited": {...}, "threads": [...]} (T_factor: T
+over cpprb_ray's S;
 sample_us and wait_ratio: the row's library's own S).
 """
 
@@ -101,14 +103,24 @@ RUN_MIN_STEPS = 20
 
 def busy_work(microseconds: float) -> Callable[[], None]:
     """A callable that keeps this core busy about `microseconds`, with the GIL released
-    (numpy's ufunc loops release it)."""
+    (numpy's ufunc loops release it): ``np.sin`` over an array sized for it, measured on that
+    size (an estimate from a large array was off by 2x: its loop ran from memory, a small one
+    from the cache), five times, each time resized to what the median call took."""
     source = np.random.default_rng(0).standard_normal(1 << 20)
     target = np.empty_like(source)
     started = time.perf_counter()
     for _ in range(5):
         np.sin(source, out=target)
-    per_element = (time.perf_counter() - started) / (5 * source.size)
-    count = max(1, int(microseconds * 1e-6 / per_element))
+    count = max(1, int(microseconds * 1e-6 / ((time.perf_counter() - started) / (5 * source.size))))
+    for _ in range(5):
+        data = np.random.default_rng(1).standard_normal(count)
+        out = np.empty_like(data)
+        times = []
+        for _ in range(max(20, min(200, int(0.05 / max(microseconds * 1e-6, 1e-6))))):
+            started = time.perf_counter()
+            np.sin(data, out=out)
+            times.append(time.perf_counter() - started)
+        count = max(1, int(count * microseconds * 1e-6 / statistics.median(times)))
     data = np.random.default_rng(1).standard_normal(count)
     out = np.empty_like(data)
 
@@ -169,28 +181,33 @@ def learner(rb: Any, batch: int, work: Callable[[], None], steps: int,
     out = rb.sample(batch)
     if batches is not None:
         next(batches)   # the ring allocated, the thread started
-    waits, updates = [], []
+    waits, works, updates = [], [], []
     started = time.perf_counter()
     for _ in range(steps):
         asked = time.perf_counter()
         sampled = next(batches) if batches is not None else rb.sample(batch, out=out)
-        waits.append(time.perf_counter() - asked)
+        stepped = time.perf_counter()
         work()
-        asked = time.perf_counter()
+        asked_update = time.perf_counter()
         rb.update_priorities(sampled["indexes"], priorities, sampled["generations"])
-        updates.append(time.perf_counter() - asked)
+        updated = time.perf_counter()
+        waits.append(stepped - asked)
+        works.append(asked_update - stepped)
+        updates.append(updated - asked_update)
     elapsed = time.perf_counter() - started
     if batches is not None:
         batches.close()
-    return loop_result(waits, updates, elapsed)
+    return loop_result(waits, updates, elapsed, works)
 
 
-def loop_result(waits: List[float], updates: List[float], elapsed: float) -> Dict[str, Any]:
-    """A learner loop's figures: the wait for a batch (median and mean), the priority update
-    (median), steps per second, steps."""
+def loop_result(waits: List[float], updates: List[float], elapsed: float,
+                works: List[float]) -> Dict[str, Any]:
+    """A learner loop's figures: the wait for a batch (median and mean), the network step as
+    the learner saw it (median: T, and whatever kept the learner from going on after it, such
+    as waiting for the GIL), the priority update (median), steps per second, steps."""
     return {"wait_s": statistics.median(waits), "mean_wait_s": statistics.fmean(waits),
-            "update_s": statistics.median(updates), "steps_per_s": len(waits) / elapsed,
-            "steps": len(waits)}
+            "step_s": statistics.median(works), "update_s": statistics.median(updates),
+            "steps_per_s": len(waits) / elapsed, "steps": len(waits)}
 
 
 def run_steps(steps: int, step_us: float) -> int:
@@ -203,16 +220,17 @@ def result_row(library: str, name: str, factor: float, work_us: float, depth: in
     """One run's row (`factor`: T over cpprb_ray's S; `sample_us`: the library's own S), and
     its line printed."""
     wait_us, mean_us = result["wait_s"] * 1e6, result["mean_wait_s"] * 1e6
-    update_us = result["update_s"] * 1e6
+    update_us, step_us = result["update_s"] * 1e6, result["step_s"] * 1e6
     print(f"{name:<9} {library:<9} T={factor:>4.2g}xS ({work_us:8.1f} us) "
           f"{f'depth {depth}' if depth else 'direct '}: wait median {wait_us:8.1f} us "
           f"({100 * wait_us / sample_us:5.1f}% of its S={sample_us:.1f} us), mean "
-          f"{mean_us:8.1f} us, update {update_us:8.1f} us, {result['steps_per_s']:8.0f} "
+          f"{mean_us:8.1f} us, step {step_us:8.1f} us, update {update_us:8.1f} us, "
+          f"{result['steps_per_s']:8.0f} "
           f"steps/s ({result['steps']} steps)", flush=True)
     return {"library": library, "workload": name, "T_factor": factor, "T_us": work_us,
             "prefetch": depth > 0, "depth": depth or None, "sample_us": sample_us,
             "wait_us": wait_us, "mean_wait_us": mean_us, "wait_ratio": wait_us / sample_us,
-            "update_us": update_us, "steps_per_s": result["steps_per_s"],
+            "step_us": step_us, "update_us": update_us, "steps_per_s": result["steps_per_s"],
             "steps": result["steps"]}
 
 
@@ -289,19 +307,22 @@ class TorchRLPrefetch:
         update_priority of the sampled rows."""
         buffer = self.buffer(depth)
         buffer.sample()   # with prefetch: the pool started, `depth` batches on their way
-        waits, updates = [], []
+        waits, works, updates = [], [], []
         started = time.perf_counter()
         for _ in range(steps):
             asked = time.perf_counter()
             sampled = buffer.sample()
-            waits.append(time.perf_counter() - asked)
+            stepped = time.perf_counter()
             work()
-            asked = time.perf_counter()
+            asked_update = time.perf_counter()
             buffer.update_priority(sampled["index"], self.priorities)
-            updates.append(time.perf_counter() - asked)
+            updated = time.perf_counter()
+            waits.append(stepped - asked)
+            works.append(asked_update - stepped)
+            updates.append(updated - asked_update)
         elapsed = time.perf_counter() - started
         buffer.shutdown()
-        return loop_result(waits, updates, elapsed)
+        return loop_result(waits, updates, elapsed, works)
 
 
 def torchrl_apex(capacity: int) -> TorchRLPrefetch:
@@ -619,7 +640,8 @@ def remote_rows(cpprb_ray: Any, steps: int, depths: Sequence[int]) -> List[Dict[
         how = f"depth {row['depth']}" if row["prefetch"] else "direct "
         print(f"remote    cpprb_ray T={row['T_factor']:>4.2g}xS ({row['T_us']:8.1f} us) {how}: "
               f"wait median {row['wait_us']:8.1f} us ({100 * row['wait_ratio']:5.1f}% of its "
-              f"S={row['sample_us']:.1f} us), update {row['update_us']:8.1f} us, "
+              f"S={row['sample_us']:.1f} us), step {row['step_us']:8.1f} us, update "
+              f"{row['update_us']:8.1f} us, "
               f"{row['steps_per_s']:8.0f} steps/s ({row['steps']} steps)", flush=True)
     return rows
 
