@@ -67,5 +67,7 @@ cdef class SpinCounter:
     cdef int64_t stopped_flag
     cdef int64_t armed_target          # -1: none armed
     cdef double armed_seconds
+    cdef double armed_poll
+    cdef int passed                    # how the last wait ended (last_pass)
     cdef bint pass_armed(self) noexcept nogil
-    cdef bint spin(self, int64_t target, double seconds) noexcept nogil
+    cdef bint spin(self, int64_t target, double seconds, double poll) noexcept nogil

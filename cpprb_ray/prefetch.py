@@ -14,14 +14,17 @@ The contract (docs/learner.md):
   next ``next()``, which is also when its set may be refilled with batch ``k + depth``. So the
   thread keeps up to ``depth - 1`` batches ready ahead of the one in use. ``copy=True``
   yields owned copies (and frees the set at once).
-- Once the ring is full the thread waits for the learner to give back a set, spinning without
-  the GIL (``_sync.SpinCounter``) for as long as such waits have lately lasted, at most
-  ``SPIN_SECONDS``: a learner whose step is short hands the set over with no system call and
-  no wake-up, and the thread refills it at once. Where the steps outlast the spin the thread
-  spins less and less, then sleeps until the learner has taken every batch ready and refills
-  all free sets: one wake-up of it (a system call of the learner's ``next()``) per ``depth -
-  1`` batches. A ``next()`` whose batch is ready takes no lock; one whose batch is not spins
-  as long, then sleeps.
+- Once the ring is full the thread waits for the learner to give back a set, without the GIL
+  (``_sync.SpinCounter``) and, on a buffer of this host, inside the store's own call
+  (``ReplayStore.hold_calls``), so that its sample starts the moment the set comes back,
+  whoever holds the GIL then. It spins at most ``SPIN_SECONDS``: a learner whose step is
+  short hands the set over with no system call and no wake-up. Where the steps outlast the
+  spin the thread spins less and less and looks for the set every few tens of microseconds
+  instead, sleeping in between (``POLL_SECONDS`` at most), so the learner still wakes nobody;
+  a learner slower than that (or stopped) finds the thread asleep until it has taken every
+  batch ready: one wake-up (a system call of its ``next()``) per ``depth - 1`` batches. A
+  ``next()`` whose batch is ready takes no lock and runs no Python (``_sync.HandIterator``);
+  one whose batch is not spins as long, then sleeps.
 - No allocation per batch: the sets are allocated once, from the first batch's arrays.
 - ``beta`` may be a callable of the batch number ``k`` (0, 1, ...): annealing.
 - Rate limiters keep their exact semantics: a batch counts as sampled when the thread draws
@@ -77,10 +80,14 @@ JOIN_SECONDS = 5.0
 Beta = Union[float, Callable[[int], float]]
 NEVER = 1 << 62
 # The longest spin of either side before it sleeps: a few Ape-X samples, 1/30 of a pixel
-# learner's step. The thread halves its spin after each spin that ran out (a learner whose steps
-# are longer gets its core back after a few batches), and tries the full spin again after
-# RESPIN_AFTER sleeps (the steps may have become shorter).
+# learner's step. Where its spin runs out, the thread goes on looking for the set it waits for
+# every few tens of microseconds, sleeping in between, for POLL_SECONDS more (so the learner
+# never has to wake it), and only then sleeps until the learner wakes it. It halves its spin
+# each time the set came while it polled (a learner whose steps are longer gets its core back
+# after a few batches), and tries the full spin again after RESPIN_AFTER such batches (the steps
+# may have become shorter).
 SPIN_SECONDS = 200e-6
+POLL_SECONDS = 0.02
 RESPIN_AFTER = 64
 
 
@@ -194,6 +201,17 @@ def _sleep_for_set(ring: _Ring, k: int, wake_after: int) -> None:
     hand.wake_at = NEVER
 
 
+def _next_spin(spin: float, polled: int, how: int) -> tuple:
+    """The thread's next (spin, polled) after a wait for a set that ended `how`
+    (SpinCounter.last_pass: 1 while spinning, 2 while polling, 0 not at all)."""
+    if how == 1:
+        return spin, polled
+    if spin:
+        return (spin / 2 if spin > SPIN_SECONDS / 8 else 0.0), polled
+    polled += 1
+    return (SPIN_SECONDS, 0) if polled >= RESPIN_AFTER else (0.0, polled)
+
+
 def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: int,
          beta: Beta, takes_beta: bool, timeout: Optional[float],
          allocate: Callable[[np.ndarray], np.ndarray], store: Any) -> None:
@@ -207,44 +225,46 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
     learner_wake = ring.learner_wake
     # Once the ring is full, the thread spins for the next set (`spin` seconds at most: while
     # the learner's steps are short, a set comes back within it and is refilled at once, with
-    # no system call on either side). On a local store the spin is armed on `given_back` and
-    # spun by the store's call itself (hold_calls), in the same stretch without the GIL as its
-    # kernel: the sample starts the moment the set comes back. A thread that spun here first
-    # needed the GIL to call the store, which the learner holds from its next() until its step
-    # lets it go, and the sample that started that late still held the buffer's lock when the
-    # learner came to update its priorities. Where the spin runs out, the thread sleeps until
-    # the learner has taken every batch ready: one wake-up per depth - 1 batches, not one per
-    # batch. Waking a sleeping thread costs the waker a system call and, where the other core
-    # idles, an interrupt of it: about 8 us of the learner's next() on a loaded 2-core virtual
-    # machine, a lock release without a sleeper 0.2 us; and the thread starts its sample only
-    # once the scheduler runs it again.
+    # no system call on either side), then polls for it (POLL_SECONDS at most, nanosleeps in
+    # between). On a local store the wait is armed on `given_back` and waited by the store's
+    # call itself (hold_calls), in the same stretch without the GIL as its kernel: the sample
+    # starts the moment the set comes back. A thread that waited here first needed the GIL to
+    # call the store, which the learner holds from its next() until its step lets it go, and
+    # the sample that started that late still held the buffer's lock when the learner came to
+    # update its priorities. Where the poll runs out too, the thread sleeps until the learner
+    # has taken every batch ready: one wake-up per depth - 1 batches, not one per batch.
+    # Waking a sleeping thread costs the waker a system call and, where the other core idles,
+    # an interrupt of it: 8 to 16 us of the learner's next() on a 2-core virtual machine, a
+    # lock release without a sleeper 0.2 us; and the thread starts its sample only once the
+    # scheduler runs it again.
     wake_after = max(1, depth - 1)
     hand = ring.hand
     given_back = ring.given_back
     appended = ring.appended
     entries = 0       # appended to `ready`
     spin = SPIN_SECONDS
-    sleeps = 0
+    polled = 0        # batches whose set came while the thread polled, since the last full spin
     ident = threading.get_ident()
     held = store is not None
     if held:
         store.hold_calls(ident, given_back)
     try:
         while True:
+            waited = False
             while k >= hand.released + depth or ring.pending_timeout:
                 if ring.stop:
                     return
-                if spin and not ring.pending_timeout:
-                    if held:
-                        given_back.arm(k - depth + 1, spin)   # spun by the sample's call
+                if not ring.pending_timeout:
+                    waited = True
+                    if held:   # spun, then polled, by the sample's call
+                        given_back.arm(k - depth + 1, spin, POLL_SECONDS)
                         break
-                    if given_back.wait_for(k - depth + 1, spin):
-                        continue   # set k % depth is back: no sleep, no wake-up
-                    spin = spin / 2 if spin > SPIN_SECONDS / 8 else 0.0
-                elif not spin:
-                    sleeps += 1
-                    if sleeps >= RESPIN_AFTER:
-                        spin, sleeps = SPIN_SECONDS, 0
+                    if given_back.wait_for(k - depth + 1, spin, POLL_SECONDS):
+                        break   # set k % depth is back: no sleep, no wake-up
+                    spin, polled = _next_spin(spin, polled, 2)
+                    waited = False
+                    if ring.stop:
+                        return
                 _sleep_for_set(ring, k, wake_after)
             if ring.stop:
                 return
@@ -263,10 +283,10 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
                     for key, value in result.items():
                         np.copyto(made[0][key], value)
                     sets[:] = made
-            except SpinExpired:   # the set did not come back within the spin (or close())
+            except SpinExpired:   # the set did not come back within the wait (or close())
                 if ring.stop:
                     return
-                spin = spin / 2 if spin > SPIN_SECONDS / 8 else 0.0
+                spin, polled = _next_spin(spin, polled, 2)
                 _sleep_for_set(ring, k, wake_after)
                 continue
             except TimeoutError as error:
@@ -280,6 +300,8 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
                 if not ring.stop:
                     ready.append(error)
                 return
+            if waited:
+                spin, polled = _next_spin(spin, polled, given_back.last_pass)
             ready.append(None)
             entries += 1
             appended.set(entries)

@@ -169,10 +169,11 @@ def drawn_batches(rb, batch, count, seconds=2.0):
 
 
 def test_a_full_ring_is_refilled_once_the_learner_took_every_ready_batch(monkeypatch):
-    """Without its spin (as when the learner's steps outlast it), the thread sleeps from a full
-    ring until the learner has taken the last batch ready (one wake-up of it per depth - 1
-    batches), then refills every free set."""
+    """Without its spin and its poll (as when the learner's steps outlast both), the thread
+    sleeps from a full ring until the learner has taken the last batch ready (one wake-up of it
+    per depth - 1 batches), then refills every free set."""
     monkeypatch.setattr(prefetch, "SPIN_SECONDS", 0.0)
+    monkeypatch.setattr(prefetch, "POLL_SECONDS", 0.0)
     with PrioritizedReplayBuffer(4096, ENV, seed=0) as rb:
         fill(rb, ENV, 1024, 4)
         with rb.prefetch(64, depth=4) as batches:
@@ -190,20 +191,21 @@ def test_a_full_ring_is_refilled_once_the_learner_took_every_ready_batch(monkeyp
 
 def test_a_learner_within_the_spin_hands_sets_over_without_waking_the_thread(monkeypatch):
     """A learner that gives each set back within the thread's spin (here a spin of a second, so
-    that a loaded machine cannot make it run out) never makes the thread sleep: no wake-up in
-    any next(). Without the spin the same learner makes it sleep (and wakes it) again and
-    again."""
+    that a loaded machine cannot make it run out), or within its poll once the spin is gone,
+    never makes the thread sleep: no wake-up in any next(). Without either the same learner
+    makes it sleep (and wakes it) again and again."""
     sleeps = {}
     with PrioritizedReplayBuffer(4096, ENV, seed=0) as rb:
         fill(rb, ENV, 1024, 4)
-        for spin in (1.0, 0.0):
+        for spin, poll in ((1.0, 0.0), (0.0, 1.0), (0.0, 0.0)):
             monkeypatch.setattr(prefetch, "SPIN_SECONDS", spin)
+            monkeypatch.setattr(prefetch, "POLL_SECONDS", poll)
             with rb.prefetch(16, depth=2) as batches:
                 for _ in range(200):
                     next(batches)
                     time.sleep(0.0005)   # the learner's step: the thread finds the ring full
-                sleeps[spin] = batches.thread_sleeps
-    assert sleeps[1.0] == 0 and sleeps[0.0] >= 150, sleeps
+                sleeps[spin, poll] = batches.thread_sleeps
+    assert sleeps[1.0, 0.0] == 0 and sleeps[0.0, 1.0] == 0 and sleeps[0.0, 0.0] >= 150, sleeps
 
 
 def test_close_stops_a_spinning_thread_at_once():
@@ -237,6 +239,15 @@ def test_a_spin_counter_waits_without_the_gil_and_for_no_longer_than_asked():
     assert counter.wait_for(6, 0.02) is False
     assert 0.02 <= time.perf_counter() - started < 1.0
     assert counter.wait_for(5, 0.0) is True and counter.wait_for(6, -1.0) is False
+    assert counter.last_pass == 0
+    started = time.perf_counter()
+    assert counter.wait_for(6, 0.0, poll=0.02) is False   # polled, never reached
+    assert 0.02 <= time.perf_counter() - started < 1.0 and counter.last_pass == 0
+    raiser = threading.Timer(0.01, counter.set, (6,))
+    raiser.start()
+    assert counter.wait_for(6, 0.001, poll=10.0) is True and counter.last_pass == 2
+    raiser.join()
+    assert counter.wait_for(6, 1.0) is True and counter.last_pass == 1
 
 
 def test_a_stopped_spin_counter_ends_every_wait_at_once():
