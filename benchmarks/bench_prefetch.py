@@ -161,7 +161,11 @@ def pixel_buffer(cpprb_ray: Any, capacity: int) -> Any:
 
 
 def sample_time_us(rb: Any, batch: int, calls: int = 300) -> float:
+    """The median sample(out=) of `calls` calls in a row, after as many unmeasured: a buffer
+    just filled samples slower at first (its pages settling), and S sets every T."""
     out = rb.sample(batch)
+    for _ in range(calls):
+        rb.sample(batch, out=out)
     times = []
     for _ in range(calls):
         started = time.perf_counter()
@@ -508,8 +512,11 @@ def main() -> None:
                         help="rounds of the threads runs (each: 2 threads, then 1)")
     parser.add_argument("--spin-seconds", type=float, default=None,
                         help="the prefetch hand-over's longest spin (default: the library's, "
-                             "cpprb_ray.prefetch.SPIN_SECONDS; 0: sleep at once, as before the "
-                             "spin)")
+                             "cpprb_ray.prefetch.SPIN_SECONDS; 0: poll at once)")
+    parser.add_argument("--poll-seconds", type=float, default=None,
+                        help="how long the prefetch thread polls for a set once its spin ran "
+                             "out (default: cpprb_ray.prefetch.POLL_SECONDS; 0 with "
+                             "--spin-seconds 0: sleep at once, as before the spin)")
     parser.add_argument("--threads-probe", help=argparse.SUPPRESS)
     parser.add_argument("--capacity-log2", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -537,13 +544,16 @@ def main() -> None:
     cpprb_ray = _common.import_cpprb_ray()
     if args.spin_seconds is not None:
         importlib.import_module("cpprb_ray.prefetch").SPIN_SECONDS = args.spin_seconds
+    if args.poll_seconds is not None:
+        importlib.import_module("cpprb_ray.prefetch").POLL_SECONDS = args.poll_seconds
     info = _common.run_info(args.quick)
     info["spin_seconds"] = importlib.import_module("cpprb_ray.prefetch").SPIN_SECONDS
     peers, skipped = wanted_peers(args.peers)
     info["peers"], info["skipped"] = sorted(peers), skipped
     print(_common.header(info), flush=True)
+    info["poll_seconds"] = importlib.import_module("cpprb_ray.prefetch").POLL_SECONDS
     print(f"prefetch hand-over: spins for at most {info['spin_seconds'] * 1e6:.0f} us, then "
-          f"sleeps", flush=True)
+          f"polls for at most {info['poll_seconds'] * 1e3:g} ms, then sleeps", flush=True)
     for key, why in skipped.items():
         print(f"{key}: skipped ({why})", flush=True)
     rows: List[Dict[str, Any]] = []

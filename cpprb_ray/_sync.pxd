@@ -69,5 +69,6 @@ cdef class SpinCounter:
     cdef double armed_seconds
     cdef double armed_poll
     cdef int passed                    # how the last wait ended (last_pass)
+    cdef double waited                 # and how long it took (last_wait)
     cdef bint pass_armed(self) noexcept nogil
     cdef bint spin(self, int64_t target, double seconds, double poll) noexcept nogil

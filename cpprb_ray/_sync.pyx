@@ -399,6 +399,11 @@ cdef class SpinCounter:
         reached (or stopped)."""
         return self.passed
 
+    @property
+    def last_wait(self):
+        """Seconds the last wait took (0.0 where the count was there already)."""
+        return self.waited
+
     def arm(self, int64_t target, double seconds, double poll=0.0):
         """Arm a wait for the count to reach `target` (>= 0), passed later by
         :meth:`pass_armed` as :meth:`wait_for` waits (one pass disarms it). The thread that
@@ -423,40 +428,45 @@ cdef class SpinCounter:
         """Spin for the count at most `seconds`, then look at it every POLL_SLEEP_S for at most
         `poll` seconds more, sleeping between two looks (nanosleep: the core is free, and
         nobody has to wake this thread); sets `passed`."""
-        cdef double deadline
+        cdef double started, deadline
         cdef int64_t spins = 0
         cdef timespec nap
         self.passed = 0
+        self.waited = 0.0
         if load_acquire(&self.stopped_flag):
             return False
         if load_acquire(&self.count) >= target:
             self.passed = 1
             return True
+        started = monotonic_seconds()
         if seconds > 0.0:
-            deadline = monotonic_seconds() + seconds
+            deadline = started + seconds
             while True:
                 if load_acquire(&self.count) >= target:
                     self.passed = 1
+                    self.waited = monotonic_seconds() - started
                     return True
                 cpu_relax()
                 spins += 1
                 if spins % SPINS_PER_CLOCK == 0:
                     if load_acquire(&self.stopped_flag):
-                        return False
+                        break
                     if monotonic_seconds() >= deadline:
                         break
-        if not poll > 0.0:
-            return False
-        deadline = monotonic_seconds() + poll
-        nap.tv_sec = 0
-        nap.tv_nsec = <long>(POLL_SLEEP_S * 1e9)
-        while True:
-            nanosleep(&nap, NULL)
-            if load_acquire(&self.count) >= target:
-                self.passed = 2
-                return True
-            if load_acquire(&self.stopped_flag) or monotonic_seconds() >= deadline:
-                return False
+        if poll > 0.0 and not load_acquire(&self.stopped_flag):
+            deadline = monotonic_seconds() + poll
+            nap.tv_sec = 0
+            nap.tv_nsec = <long>(POLL_SLEEP_S * 1e9)
+            while True:
+                nanosleep(&nap, NULL)
+                if load_acquire(&self.count) >= target:
+                    self.passed = 2
+                    self.waited = monotonic_seconds() - started
+                    return True
+                if load_acquire(&self.stopped_flag) or monotonic_seconds() >= deadline:
+                    break
+        self.waited = monotonic_seconds() - started
+        return False
 
     def wait_for(self, int64_t target, double seconds, double poll=0.0):
         """True once the count is at least `target`; False if it is not after spinning for

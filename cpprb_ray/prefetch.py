@@ -82,13 +82,13 @@ NEVER = 1 << 62
 # The longest spin of either side before it sleeps: a few Ape-X samples, 1/30 of a pixel
 # learner's step. Where its spin runs out, the thread goes on looking for the set it waits for
 # every few tens of microseconds, sleeping in between, for POLL_SECONDS more (so the learner
-# never has to wake it), and only then sleeps until the learner wakes it. It halves its spin
-# each time the set came while it polled (a learner whose steps are longer gets its core back
-# after a few batches), and tries the full spin again after RESPIN_AFTER such batches (the steps
-# may have become shorter).
+# never has to wake it), and only then sleeps until the learner wakes it. It stops spinning
+# once LATE_AFTER sets in a row came later than a spin lasts (a learner whose steps are longer
+# gets its core back), and spins again as soon as one comes sooner (the steps became shorter):
+# one late set (the learner descheduled once) costs nothing.
 SPIN_SECONDS = 200e-6
 POLL_SECONDS = 0.02
-RESPIN_AFTER = 64
+LATE_AFTER = 8
 
 
 def _wake(lock: Any) -> None:
@@ -201,15 +201,13 @@ def _sleep_for_set(ring: _Ring, k: int, wake_after: int) -> None:
     hand.wake_at = NEVER
 
 
-def _next_spin(spin: float, polled: int, how: int) -> tuple:
-    """The thread's next (spin, polled) after a wait for a set that ended `how`
-    (SpinCounter.last_pass: 1 while spinning, 2 while polling, 0 not at all)."""
-    if how == 1:
-        return spin, polled
-    if spin:
-        return (spin / 2 if spin > SPIN_SECONDS / 8 else 0.0), polled
-    polled += 1
-    return (SPIN_SECONDS, 0) if polled >= RESPIN_AFTER else (0.0, polled)
+def _next_spin(late: int, waited: float) -> tuple:
+    """The thread's next (spin, late) after a wait for a set that took `waited` seconds (or
+    did not end: infinity), `late` waits in a row having taken longer than a spin before it."""
+    if waited <= SPIN_SECONDS:
+        return SPIN_SECONDS, 0
+    late += 1
+    return (0.0 if late >= LATE_AFTER else SPIN_SECONDS), late
 
 
 def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: int,
@@ -243,7 +241,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
     appended = ring.appended
     entries = 0       # appended to `ready`
     spin = SPIN_SECONDS
-    polled = 0        # batches whose set came while the thread polled, since the last full spin
+    late = 0          # waits in a row for a set that took longer than a spin
     ident = threading.get_ident()
     held = store is not None
     if held:
@@ -261,7 +259,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
                         break
                     if given_back.wait_for(k - depth + 1, spin, POLL_SECONDS):
                         break   # set k % depth is back: no sleep, no wake-up
-                    spin, polled = _next_spin(spin, polled, 2)
+                    spin, late = _next_spin(late, float("inf"))
                     waited = False
                     if ring.stop:
                         return
@@ -286,7 +284,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
             except SpinExpired:   # the set did not come back within the wait (or close())
                 if ring.stop:
                     return
-                spin, polled = _next_spin(spin, polled, 2)
+                spin, late = _next_spin(late, float("inf"))
                 _sleep_for_set(ring, k, wake_after)
                 continue
             except TimeoutError as error:
@@ -301,7 +299,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
                     ready.append(error)
                 return
             if waited:
-                spin, polled = _next_spin(spin, polled, given_back.last_pass)
+                spin, late = _next_spin(late, given_back.last_wait)
             ready.append(None)
             entries += 1
             appended.set(entries)
