@@ -420,6 +420,12 @@ cdef class ReplayStore:
         needed the GIL between the two would wait for the learner to let it go."""
         self.holds[int(thread_id)] = counter
 
+    @property
+    def held_threads(self):
+        """The thread idents whose calls hold_calls holds (a forked child's first call forgets
+        its parent's)."""
+        return tuple(self.holds)
+
     def release_calls(self, thread_id):
         """Undo :meth:`hold_calls` for `thread_id`."""
         self.holds.pop(int(thread_id), None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import os
 import subprocess
 import sys
 import threading
@@ -316,6 +317,37 @@ def test_a_held_call_starts_only_once_its_count_comes_and_does_nothing_otherwise
         thread.start()
         thread.join(5.0)
         assert len(results) == 1 and counter.armed
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork: POSIX only")
+def test_a_forked_child_forgets_the_parents_held_thread(monkeypatch):
+    """fork() while the prefetch thread waits for a set inside the store's call: the child's
+    first call forgets that thread's hold (it does not exist there, and its ident may be given
+    to a thread of the child), its thread's sample goes through, and the parent's prefetch goes
+    on."""
+    monkeypatch.setattr(prefetch, "SPIN_SECONDS", 30.0)
+    with ReplayBuffer(4096, ENV, seed=0) as rb:
+        fill(rb, ENV, 1024, 4)
+        with rb.prefetch(64, depth=2) as batches:
+            next(batches)
+            time.sleep(0.05)           # batch 1 drawn; the thread waits for set 0 in its call
+            assert rb._store.held_threads == (batches._thread.ident,)
+            pid = os.fork()
+            if pid == 0:               # the child: exit code 0 only if both samples went through
+                code = 1
+                try:
+                    results = []
+                    worker = threading.Thread(target=lambda: results.append(rb.sample(8)))
+                    worker.start()
+                    worker.join(10.0)
+                    code = 0 if len(results) == 1 and rb._store.held_threads == () else 2
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.WEXITSTATUS(status) == 0
+            for _ in range(5):
+                next(batches)
+            assert batches.batches == 6
 
 
 def test_the_thread_samples_while_the_learner_holds_the_gil(monkeypatch):
