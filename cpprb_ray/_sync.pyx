@@ -453,6 +453,9 @@ cdef class SpinCounter:
                         break
                     if monotonic_seconds() >= deadline:
                         break
+                    # A process waiting for this core (an actor on a machine without a core
+                    # to spare) runs now; on an idle core this returns at once.
+                    sched_yield()
         if poll > 0.0 and not load_acquire(&self.stopped_flag):
             deadline = monotonic_seconds() + poll
             nap.tv_sec = 0

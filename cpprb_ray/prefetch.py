@@ -22,9 +22,11 @@ The contract (docs/learner.md):
   spin the thread spins less and less and looks for the set every few tens of microseconds
   instead, sleeping in between (``POLL_SECONDS`` at most), so the learner still wakes nobody;
   a learner slower than that (or stopped) finds the thread asleep until it has taken every
-  batch ready: one wake-up (a system call of its ``next()``) per ``depth - 1`` batches. A
-  ``next()`` whose batch is ready takes no lock and runs no Python (``_sync.HandIterator``);
-  one whose batch is not spins as long, then sleeps.
+  batch ready: one wake-up (a system call of its ``next()``) per ``depth - 1`` batches. Either
+  side stops spinning after LATE_AFTER waits in a row that outlasted the spin (a learner that
+  the rate limiter holds back leaves the core to the actors it waits for), and a spin yields
+  the core to any process waiting for it. A ``next()`` whose batch is ready takes no lock and
+  runs no Python (``_sync.HandIterator``); one whose batch is not spins, then sleeps.
 - No allocation per batch: the sets are allocated once, from the first batch's arrays.
 - ``beta`` may be a callable of the batch number ``k`` (0, 1, ...): annealing.
 - Rate limiters keep their exact semantics: a batch counts as sampled when the thread draws
@@ -392,6 +394,10 @@ class Prefetch(HandIterator):
         self._ready = ring.ready
         self._depth = depth
         self.wait_seconds = 0.0
+        # The learner's own spin for a batch not ready, adapted as the thread's: a learner that
+        # the rate limiter holds back (the thread waits on the limiter) stops spinning after
+        # LATE_AFTER late batches, and leaves the core to the actors that it waits for.
+        self._spin, self._late = SPIN_SECONDS, 0
         store = getattr(rb, "_store", None)
         ring.interrupt = getattr(store, "interrupt_waits", None)
         ring.resume = getattr(store, "resume_waits", None)
@@ -455,10 +461,12 @@ class Prefetch(HandIterator):
         """Spin, then sleep, until the thread has a batch (or an error) ready, or has ended."""
         started = time.perf_counter()
         ready = ring.ready
-        ring.appended.wait_for(self._hand.taken + 1, SPIN_SECONDS)
+        ring.appended.wait_for(self._hand.taken + 1, self._spin)
         while not ready and not ring.exited:
             ring.learner_wake.acquire()   # the thread releases it after each batch
-        self.wait_seconds += time.perf_counter() - started
+        waited = time.perf_counter() - started
+        self.wait_seconds += waited
+        self._spin, self._late = _next_spin(self._late, waited)
 
     def _views_of(self, slot: int) -> Dict[str, Any]:
         """What the learner gets of set `slot`: made once per set (jax: per batch)."""

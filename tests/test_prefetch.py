@@ -455,6 +455,40 @@ def test_rate_limiter_counts_and_timeouts():
                     next(batches)
 
 
+def test_a_learner_the_limiter_holds_back_stops_spinning_and_spins_again_when_it_is_not():
+    """A learner whose batches come late (the limiter holds the thread back until an actor adds)
+    stops spinning in next() after LATE_AFTER late batches, leaving the core to the actors; once
+    batches are ready within a spin again, it spins again."""
+    limiter = SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=8,
+                                  error_buffer=16)
+    with ReplayBuffer(4096, ENV, rate_limiter=limiter, seed=0) as rb:
+        fill(rb, ENV, 16, 1)
+        stop = threading.Event()
+
+        def actor():
+            seed = 1
+            while not stop.is_set():
+                time.sleep(0.005)      # an actor's episode steps: slower than the learner
+                rb.add(**rows(ENV, 8, seed))
+                seed += 1
+
+        adder = threading.Thread(target=actor)
+        adder.start()
+        try:
+            with rb.prefetch(8, depth=2) as batches:
+                spins = []
+                for _ in range(prefetch.LATE_AFTER + 4):
+                    next(batches)
+                    spins.append(batches._spin)
+                assert spins[-1] == 0.0 and batches._late >= prefetch.LATE_AFTER, spins
+                assert spins[0] == prefetch.SPIN_SECONDS
+        finally:
+            stop.set()
+            adder.join()
+        # a batch ready within a spin again: the full spin back at once
+        assert prefetch._next_spin(prefetch.LATE_AFTER, 1e-5) == (prefetch.SPIN_SECONDS, 0)
+
+
 def test_close_interrupts_a_limiter_wait_and_counts_nothing():
     with ReplayBuffer(64, ENV, rate_limiter=MinSize(32)) as rb:
         batches = rb.prefetch(4)   # timeout None: the limiter holds the thread back for ever
