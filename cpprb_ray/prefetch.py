@@ -338,8 +338,8 @@ class Prefetch(HandIterator):
         prefetching did not hide.
     thread_sleeps : int
         Times the thread slept until the learner gave a set back (each one a wake-up in a
-        ``next()``), where its spin ran out: about one per ``depth - 1`` batches when the
-        learner's steps are long, few when they are short.
+        ``next()``), where its spin and its poll ran out: about one per ``depth - 1`` batches
+        when the learner's steps outlast ``POLL_SECONDS``, none when they are shorter.
 
     Examples
     --------
