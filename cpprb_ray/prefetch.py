@@ -69,7 +69,7 @@ import numpy as np
 
 from cpprb_ray import _rules
 from cpprb_ray._store import ReplayStore
-from cpprb_ray._sync import HandIterator, Handover, SpinCounter, SpinExpired
+from cpprb_ray._sync import HandIterator, Handover, SpinCounter, SpinExpired, wake_one
 
 __all__ = ["Prefetch"]
 
@@ -91,16 +91,6 @@ NEVER = 1 << 62
 SPIN_SECONDS = 200e-6
 POLL_SECONDS = 0.02
 LATE_AFTER = 8
-
-
-def _wake(lock: Any) -> None:
-    """Wake the thread waiting on `lock`, a one-slot wake-up (held while none is pending), or
-    leave the wake-up for its next wait. Releasing a lock nobody waits on costs no system call."""
-    if lock.locked():
-        try:
-            lock.release()
-        except RuntimeError:   # another waker released it first: one wake-up is pending
-            pass
 
 
 class _Ring:
@@ -155,7 +145,7 @@ class _Ring:
         with self.guard:
             if not self.exited and self.ident is not None and self.interrupt is not None:
                 self.interrupt(self.ident)
-        _wake(self.thread_wake)
+        wake_one(self.thread_wake)
 
 
 def _allocator(tensors: Optional[str]) -> Callable[[np.ndarray], np.ndarray]:
@@ -294,7 +284,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
                 ready.append(error)
                 entries += 1
                 appended.set(entries)
-                _wake(learner_wake)
+                wake_one(learner_wake)
                 continue
             except BaseException as error:  # noqa: BLE001 (the learner's to see)
                 if not ring.stop:
@@ -305,11 +295,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
             ready.append(None)
             entries += 1
             appended.set(entries)
-            if learner_wake.locked():   # _wake, inlined: once per batch
-                try:
-                    learner_wake.release()
-                except RuntimeError:
-                    pass
+            wake_one(learner_wake)
             k += 1
     finally:
         if held:
@@ -318,7 +304,7 @@ def _run(ring: _Ring, sample: Callable[..., Dict[str, np.ndarray]], batch_size: 
             ring.exited = True
             if ring.ident is not None and ring.resume is not None:
                 ring.resume(ring.ident)   # an interrupt_waits of this thread, undone
-        _wake(learner_wake)
+        wake_one(learner_wake)
 
 
 class Prefetch(HandIterator):
@@ -432,7 +418,7 @@ class Prefetch(HandIterator):
         if failed is not None:
             if isinstance(failed, TimeoutError):
                 ring.pending_timeout = False
-                _wake(ring.thread_wake)
+                wake_one(ring.thread_wake)
             else:
                 self.done = True
             raise failed
